@@ -1,0 +1,401 @@
+"""The decision engine: one llama.cpp context, a shared state prefix, one branch per decision.
+
+For a request of N decisions about one state:
+
+1. the prefix (template head + state) is decoded once into sequence 0, in fixed ``n_batch`` chunks
+   from position 0 (and kept: the next request about the same state reuses it);
+2. for each decision, sequence 0 is forked into sequence 1 (``llama_memory_seq_cp``: no host copy),
+   the decision's suffix (question, labelled options, generation prompt) is decoded in its own
+   ``llama_decode`` call(s), the last position's logits are read, and sequence 1 is dropped.
+
+Because every decision sees the same split — prefix chunks, then its own suffix alone — a decision
+gives bit-identical probabilities alone, in a shared request, or next to any other decisions.
+Models whose memory cannot copy a sequence fall back to saving and restoring sequence 0's state.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib.metadata import version as package_version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from .calibration import Calibration, apply_temperature
+from .errors import DecisionValidationError, EngineFailure, SemifError, TokenBudgetExceeded
+from .labels import LabelSet, build_label_set
+from .llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
+from .prompt import PROMPT_VERSION, Scaffold, build_scaffold, decision_text, prompt_sha256
+from .protocol import (
+    BatchResult,
+    BatchTiming,
+    CalibrationApplied,
+    Decision,
+    DecisionResult,
+    DecisionTiming,
+    ModelInfo,
+)
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+_PROBE_STATE = "The build is green and all tests pass."
+_PROBE_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A validated decision with its tokens, ready to score."""
+
+    decision: Decision
+    labels: list[str]
+    label_ids: list[int]
+    suffix_tokens: list[int]
+
+
+@dataclass
+class _Readout:
+    option_logits: np.ndarray
+    allowed_token_mass: float
+    argmax_token: int
+
+
+class DecisionEngine:
+    """Scores decisions; not thread-safe (the HTTP layer admits one operation at a time)."""
+
+    def __init__(
+        self,
+        runtime: LlamaRuntime,
+        settings: Settings,
+        *,
+        gguf_path: Path,
+        sha256: str | None = None,
+        calibration: Calibration | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.settings = settings
+        self.gguf_path = gguf_path
+        self.sha256 = sha256
+        self.calibration = calibration
+        specials = {"bos_token": runtime.piece(runtime.bos), "eos_token": runtime.piece(runtime.eos)}
+        self.scaffold: Scaffold = build_scaffold(runtime.chat_template(), specials)
+        self._head_tokens = runtime.tokenize(self.scaffold.head, True)
+        if runtime.add_bos and (not self._head_tokens or self._head_tokens[0] != runtime.bos):
+            self._head_tokens.insert(0, runtime.bos)
+        self._tail_tokens = runtime.tokenize(self.scaffold.tail, True)
+        self.labels: LabelSet = build_label_set(
+            runtime.tokenize, self.scaffold.tail, self.scaffold.label_prefix, settings.max_options
+        )
+        self._cached_prefix: list[int] | None = None
+        self._snapshot: Any = None
+        self.fork_mode = settings.fork_mode if settings.fork_mode != "auto" else self._probe_fork_mode()
+        self.model_info = ModelInfo(
+            file=gguf_path.name,
+            sha256=sha256,
+            architecture=runtime.meta("general.architecture"),
+            n_ctx=runtime.n_ctx,
+            n_threads=settings.n_threads,
+            n_batch=runtime.n_batch,
+            n_gpu_layers=settings.n_gpu_layers,
+            gpu_offload=runtime.gpu_offload and settings.n_gpu_layers != 0,
+            chat_template=self.scaffold.uses_chat_template,
+            llama_cpp_python_version=package_version("llama-cpp-python"),
+            fork_mode=self.fork_mode,
+        )
+
+    @classmethod
+    def load(cls, settings: Settings, gguf_path: Path | None = None) -> DecisionEngine:
+        """Load the model named by ``gguf_path`` or the settings (discovery is the caller's job)."""
+        path = gguf_path or settings.gguf_path
+        if path is None:
+            raise SemifError("no GGUF path given")
+        sha256 = None
+        if settings.verify_manifest:
+            from .manifest import verify_model_file
+
+            verified = verify_model_file(path)
+            sha256 = verified.sha256 if verified else None
+        from .calibration import find_calibration
+
+        calibration_path = find_calibration(path.parent, settings.calibration_path)
+        calibration = Calibration.load(calibration_path) if calibration_path else None
+        runtime = LlamaRuntime(
+            path,
+            n_ctx=settings.n_ctx,
+            n_batch=settings.n_batch,
+            n_threads=settings.n_threads,
+            n_gpu_layers=settings.n_gpu_layers,
+        )
+        try:
+            return cls(runtime, settings, gguf_path=path, sha256=sha256, calibration=calibration)
+        except BaseException:
+            runtime.close()
+            raise
+
+    @property
+    def max_options(self) -> int:
+        return self.labels.capacity
+
+    def close(self) -> None:
+        self.runtime.close()
+
+    # --- public API --------------------------------------------------------------------------
+    def score(self, decisions: Sequence[Decision | Mapping[str, Any]]) -> BatchResult:
+        """Score decisions that share one state; all validation happens before any decoding."""
+        started = time.perf_counter()
+        parsed = self._parse(decisions)
+        prefix_tokens, planned = self._plan(parsed)
+        try:
+            return self._run(prefix_tokens, planned, started)
+        except SemifError:
+            self._reset()
+            raise
+        except Exception as exc:  # a ctypes/numpy fault is an engine failure, never the caller's
+            self._reset()
+            raise EngineFailure(f"engine fault: {type(exc).__name__}: {exc}") from exc
+
+    def count_tokens(self, decisions: Sequence[Decision | Mapping[str, Any]]) -> int:
+        prefix_tokens, planned = self._plan(self._parse(decisions))
+        return len(prefix_tokens) + sum(len(p.suffix_tokens) for p in planned)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget the kept prefix (benchmarks use this to measure cold requests)."""
+        self._reset()
+
+    # --- validation and planning ----------------------------------------------------------------
+    def _parse(self, decisions: Sequence[Decision | Mapping[str, Any]]) -> list[Decision]:
+        if not isinstance(decisions, Sequence) or isinstance(decisions, (str, bytes)):
+            raise DecisionValidationError("decisions must be a list", loc=("decisions",))
+        if not decisions:
+            raise DecisionValidationError("at least one decision is required", loc=("decisions",))
+        if len(decisions) > self.settings.max_decisions:
+            raise DecisionValidationError(
+                f"{len(decisions)} decisions in one request; the limit is {self.settings.max_decisions}",
+                loc=("decisions",),
+            )
+        parsed: list[Decision] = []
+        for index, item in enumerate(decisions):
+            if isinstance(item, Decision):
+                parsed.append(item)
+                continue
+            try:
+                parsed.append(Decision.model_validate(item))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                raise DecisionValidationError(
+                    first["msg"], loc=("decisions", index, *first["loc"])
+                ) from exc
+        seen: dict[str, int] = {}
+        state = parsed[0].state_text
+        for index, decision in enumerate(parsed):
+            if decision.id in seen:
+                raise DecisionValidationError(
+                    f"duplicate decision id {decision.id!r} (also at index {seen[decision.id]})",
+                    loc=("decisions", index, "id"),
+                )
+            seen[decision.id] = index
+            if decision.state_text != state:
+                raise DecisionValidationError(
+                    "all decisions in one request must have exactly the same state as decisions[0]",
+                    loc=("decisions", index, "state"),
+                )
+            if len(decision.options) > self.settings.max_options:
+                raise DecisionValidationError(
+                    f"{len(decision.options)} options; the limit is {self.settings.max_options}",
+                    loc=("decisions", index, "options"),
+                )
+        return parsed
+
+    def _plan(self, decisions: list[Decision]) -> tuple[list[int], list[_Planned]]:
+        tokenize = self.runtime.tokenize
+        prefix_user = decision_text(self.scaffold, decisions[0].state_text, "", []).prefix_user
+        prefix_tokens = self._head_tokens + tokenize(prefix_user, False)
+        n_prefix = len(prefix_tokens)
+        n_ctx = self.runtime.n_ctx
+        if n_prefix >= n_ctx:
+            raise TokenBudgetExceeded(
+                f"the state alone needs {n_prefix} tokens; the context holds {n_ctx}",
+                loc=("decisions", 0, "state"),
+            )
+        planned: list[_Planned] = []
+        total = n_prefix
+        for index, decision in enumerate(decisions):
+            labels, label_ids = self.labels.take(len(decision.options), loc=("decisions", index, "options"))
+            text = decision_text(
+                self.scaffold,
+                decision.state_text,
+                decision.question,
+                [(label, option.shown_text) for label, option in zip(labels, decision.options, strict=True)],
+            )
+            suffix_tokens = tokenize(text.suffix_user, False) + self._tail_tokens
+            needed = n_prefix + len(suffix_tokens)
+            if needed > n_ctx:
+                raise TokenBudgetExceeded(
+                    f"decision needs {needed} tokens ({n_prefix} state + {len(suffix_tokens)} "
+                    f"question and options); the context holds {n_ctx}",
+                    loc=("decisions", index),
+                )
+            total += len(suffix_tokens)
+            planned.append(_Planned(decision, labels, label_ids, suffix_tokens))
+        if total > self.settings.max_request_tokens:
+            raise TokenBudgetExceeded(
+                f"request needs {total} tokens (state once + every decision); "
+                f"the limit is {self.settings.max_request_tokens}",
+                loc=("decisions",),
+            )
+        return prefix_tokens, planned
+
+    # --- decoding -----------------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._cached_prefix = None
+        self._snapshot = None
+        try:
+            self.runtime.clear()
+        except Exception:  # pragma: no cover - nothing more we can do
+            log.exception("could not clear llama.cpp memory")
+
+    def _prefill(self, prefix_tokens: list[int]) -> bool:
+        """Make sequence 0 hold exactly ``prefix_tokens``; returns True when it already did."""
+        if self._cached_prefix == prefix_tokens:
+            return True
+        self._reset()
+        self.runtime.decode(prefix_tokens, 0, PREFIX_SEQ, want_logits=False)
+        self._cached_prefix = list(prefix_tokens)
+        if self.fork_mode == "state":
+            self._snapshot = self.runtime.save_seq(PREFIX_SEQ)
+        return False
+
+    def _branch(self, n_prefix: int, suffix_tokens: list[int], label_ids: list[int]) -> _Readout:
+        """Decode one suffix on a branch of the prefix and read the label logits."""
+        runtime = self.runtime
+        if self.fork_mode == "copy":
+            runtime.fork(PREFIX_SEQ, BRANCH_SEQ)
+            try:
+                runtime.decode(suffix_tokens, n_prefix, BRANCH_SEQ, want_logits=True)
+                return self._read(label_ids)
+            finally:
+                runtime.drop(BRANCH_SEQ)
+        try:
+            runtime.decode(suffix_tokens, n_prefix, PREFIX_SEQ, want_logits=True)
+            return self._read(label_ids)
+        finally:
+            runtime.restore_seq(PREFIX_SEQ, self._snapshot)
+
+    def _read(self, label_ids: list[int]) -> _Readout:
+        logits = self.runtime.last_logits()  # zero-copy view of the vocabulary row
+        selected = logits[label_ids].astype(np.float64)
+        peak = float(logits.max())
+        if not (math.isfinite(peak) and np.isfinite(selected).all() and np.isfinite(logits.min())):
+            raise EngineFailure("the model produced non-finite logits")
+        shifted = logits.astype(np.float64)
+        shifted -= peak
+        np.exp(shifted, out=shifted)
+        mass = float(np.exp(selected - peak).sum() / shifted.sum())
+        return _Readout(selected, mass, int(logits.argmax()))
+
+    def _run(self, prefix_tokens: list[int], planned: list[_Planned], started: float) -> BatchResult:
+        n_prefix = len(prefix_tokens)
+        t0 = time.perf_counter()
+        reused = self._prefill(prefix_tokens)
+        prefill_seconds = time.perf_counter() - t0
+        results: list[DecisionResult] = []
+        suffix_total = 0.0
+        input_tokens = n_prefix
+        for index, plan in enumerate(planned):
+            t_start = time.perf_counter()
+            readout = self._branch(n_prefix, plan.suffix_tokens, plan.label_ids)
+            t_forward = time.perf_counter()
+            probabilities, applied = self._probabilities(plan.decision, readout.option_logits)
+            t_end = time.perf_counter()
+            suffix_total += t_forward - t_start
+            input_tokens += len(plan.suffix_tokens)
+            argmax_token = readout.argmax_token
+            results.append(
+                DecisionResult(
+                    id=plan.decision.id,
+                    option_ids=[option.id for option in plan.decision.options],
+                    probabilities=probabilities,
+                    option_logits=[float(x) for x in readout.option_logits],
+                    input_tokens=n_prefix + len(plan.suffix_tokens),
+                    allowed_token_mass=readout.allowed_token_mass,
+                    argmax_token=self.runtime.piece(argmax_token),
+                    argmax_is_option=argmax_token in plan.label_ids,
+                    labels=plan.labels,
+                    prompt_sha256=prompt_sha256(prefix_tokens, plan.suffix_tokens),
+                    prompt_version=PROMPT_VERSION,
+                    calibration=applied,
+                    timing=DecisionTiming(
+                        # the prefill is charged to the first decision that needed it
+                        total_seconds=(t_end - t_start) + (prefill_seconds if index == 0 else 0.0),
+                        prefill_seconds=prefill_seconds if index == 0 and not reused else 0.0,
+                        suffix_forward_seconds=t_forward - t_start,
+                        readout_seconds=t_end - t_forward,
+                        prefix_tokens=n_prefix,
+                        suffix_tokens=len(plan.suffix_tokens),
+                        prefix_reused=reused or index > 0,
+                    ),
+                    model=self.model_info,
+                )
+            )
+        return BatchResult(
+            results=results,
+            timing=BatchTiming(
+                total_seconds=time.perf_counter() - started,
+                prefill_seconds=prefill_seconds,
+                suffix_forward_seconds=suffix_total,
+                prefix_tokens=n_prefix,
+                decisions=len(planned),
+                input_tokens=input_tokens,
+            ),
+        )
+
+    def _probabilities(
+        self, decision: Decision, option_logits: np.ndarray
+    ) -> tuple[list[float], CalibrationApplied | None]:
+        applied = None
+        temperature = 1.0
+        if self.calibration is not None:
+            found = self.calibration.temperature_for(decision.type, len(decision.options))
+            if found is not None:
+                temperature, key = found
+                applied = CalibrationApplied(temperature=temperature, key=key)
+        probabilities = apply_temperature(option_logits, temperature)
+        return [float(p) for p in probabilities], applied
+
+    # --- fork probe -----------------------------------------------------------------------------
+    def _probe_fork_mode(self) -> str:
+        """Use sequence copy when it reproduces save/restore exactly; otherwise fall back."""
+        probe = Decision(
+            id="probe",
+            state=_PROBE_STATE,
+            question="Is the build healthy?",
+            options=[{"id": "yes"}, {"id": "no"}],
+        )
+        prefix_tokens, planned = self._plan([probe])
+        plan = planned[0]
+        outcomes: dict[str, np.ndarray] = {}
+        for mode in ("state", "copy"):
+            self.fork_mode = mode
+            self._reset()
+            try:
+                self._prefill(prefix_tokens)
+                readout = self._branch(len(prefix_tokens), plan.suffix_tokens, plan.label_ids)
+                outcomes[mode] = readout.option_logits
+            except SemifError as exc:
+                log.warning("fork mode %r failed its probe: %s", mode, exc)
+        self._reset()
+        if "copy" in outcomes and (
+            "state" not in outcomes
+            or np.max(np.abs(outcomes["copy"] - outcomes["state"])) <= _PROBE_TOLERANCE
+        ):
+            return "copy"
+        if "state" in outcomes:
+            log.warning("sequence copy does not reproduce the prefix state; using state save/restore")
+            return "state"
+        raise EngineFailure("neither sequence copy nor state save/restore works for this model")

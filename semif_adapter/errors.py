@@ -1,0 +1,69 @@
+"""Typed errors shared by the engine and the HTTP layer.
+
+Each error carries a stable ``code`` (the wire ``type``) and the HTTP status the HTTP layer maps it to,
+so the mapping lives next to the error, not in every handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+Loc = tuple[str | int, ...]
+
+
+class SemifError(Exception):
+    """Base class: ``code`` is the wire error type, ``status`` the HTTP status it maps to."""
+
+    code = "internal_error"
+    status = 500
+    retryable = False
+
+    def __init__(self, message: str, *, loc: Sequence[str | int] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.loc: Loc = tuple(loc)
+
+    def __str__(self) -> str:
+        if self.loc:
+            return f"{'.'.join(str(p) for p in self.loc)}: {self.message}"
+        return self.message
+
+
+class DecisionValidationError(SemifError):
+    """The caller's request is invalid; ``loc`` names the offending field."""
+
+    code = "invalid_request"
+    status = 400
+
+
+class TokenBudgetExceeded(SemifError):
+    """A decision (or the whole request) does not fit the context or token budget; never truncated."""
+
+    code = "token_budget_exceeded"
+    status = 413
+
+
+class ModelBusy(SemifError):
+    code = "model_busy"
+    status = 503
+    retryable = True
+
+
+class NotReady(SemifError):
+    code = "not_ready"
+    status = 503
+    retryable = True
+
+
+class EngineFailure(SemifError):
+    """The model produced something unusable (non-finite logits, a failed decode): never the caller's fault."""
+
+    code = "engine_error"
+    status = 500
+
+
+class ModelLoadError(SemifError):
+    """The model or llama.cpp library cannot be used; start-up must stop with this message."""
+
+    code = "model_load_error"
+    status = 500

@@ -1,0 +1,288 @@
+"""A thin, typed layer over llama.cpp's C API (through llama-cpp-python's ctypes bindings).
+
+We drive ``llama_decode`` ourselves instead of using ``llama_cpp.Llama`` because decisions need
+things the high-level class does not offer: two sequences in one context (the shared prefix and a
+branch), whole-sequence copy/removal, and the last position's logits without ``logits_all``.
+
+The library is whatever ``llama_cpp`` loads: its bundled build, or the DLC's own ``libllama`` when
+``LLAMA_CPP_LIB_PATH`` points there. Binding and library can drift apart, so the symbols we call are
+checked once, up front, with one clear message.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import EngineFailure, ModelLoadError
+
+log = logging.getLogger(__name__)
+
+REQUIRED_SYMBOLS: tuple[str, ...] = (
+    "llama_backend_init",
+    "llama_model_default_params",
+    "llama_context_default_params",
+    "llama_model_load_from_file",
+    "llama_model_free",
+    "llama_init_from_model",
+    "llama_free",
+    "llama_model_get_vocab",
+    "llama_vocab_n_tokens",
+    "llama_vocab_get_add_bos",
+    "llama_vocab_bos",
+    "llama_vocab_eos",
+    "llama_tokenize",
+    "llama_token_to_piece",
+    "llama_model_chat_template",
+    "llama_model_meta_val_str",
+    "llama_model_n_ctx_train",
+    "llama_model_is_recurrent",
+    "llama_model_is_hybrid",
+    "llama_supports_gpu_offload",
+    "llama_get_memory",
+    "llama_memory_clear",
+    "llama_memory_seq_rm",
+    "llama_memory_seq_cp",
+    "llama_state_seq_get_size",
+    "llama_state_seq_get_data",
+    "llama_state_seq_set_data",
+    "llama_batch_init",
+    "llama_batch_free",
+    "llama_decode",
+    "llama_get_logits_ith",
+    "llama_n_seq_max",
+    "llama_log_set",
+)
+
+PREFIX_SEQ = 0
+BRANCH_SEQ = 1
+
+_init_lock = threading.Lock()
+_initialised = False
+
+
+def import_llama_cpp() -> Any:
+    """Import the bindings and check the loaded library exports every symbol we call."""
+    try:
+        import llama_cpp
+        from llama_cpp import llama_cpp as raw
+    except (ImportError, OSError, RuntimeError, FileNotFoundError) as exc:
+        where = os.environ.get("LLAMA_CPP_LIB_PATH", "the llama_cpp package")
+        raise ModelLoadError(f"cannot load libllama from {where}: {exc}") from exc
+    missing = [name for name in REQUIRED_SYMBOLS if not hasattr(raw._lib, name)]
+    if missing:
+        raise ModelLoadError(
+            "the loaded libllama is missing symbols this engine needs (binding/library ABI drift): "
+            + ", ".join(missing)
+        )
+    return llama_cpp
+
+
+def _load_backend_plugins(llama_cpp: Any) -> None:
+    """Load ggml backend plugins (e.g. the DLC's CUDA backend) when the library is built with them."""
+    directory = os.environ.get("GGML_BACKEND_DIR") or os.environ.get("LLAMA_CPP_LIB_PATH")
+    try:
+        ggml = ctypes.CDLL("libggml.so") if directory is None else ctypes.CDLL(
+            str(Path(directory) / "libggml.so")
+        )
+    except OSError:
+        return
+    if directory and hasattr(ggml, "ggml_backend_load_all_from_path"):
+        ggml.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+        ggml.ggml_backend_load_all_from_path(directory.encode())
+    elif hasattr(ggml, "ggml_backend_load_all"):
+        ggml.ggml_backend_load_all()
+
+
+_LOG_CALLBACK: Any = None
+
+
+def _init_backend(llama_cpp: Any, verbose: bool) -> None:
+    global _initialised, _LOG_CALLBACK
+    with _init_lock:
+        if _initialised:
+            return
+        if not verbose:
+            @llama_cpp.llama_log_callback
+            def _quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+                if level == 4 and text:  # GGML_LOG_LEVEL_ERROR
+                    log.error("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+
+            _LOG_CALLBACK = _quiet  # keep a reference: llama.cpp holds the raw pointer
+            llama_cpp.llama_log_set(_quiet, ctypes.c_void_p(0))
+        _load_backend_plugins(llama_cpp)
+        llama_cpp.llama_backend_init()
+        _initialised = True
+
+
+class LlamaRuntime:
+    """One model and one two-sequence context: sequence 0 holds the prefix, 1 a decision branch."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        n_threads: int,
+        n_gpu_layers: int,
+        verbose: bool = False,
+    ) -> None:
+        self.lib = llama_cpp = import_llama_cpp()
+        _init_backend(llama_cpp, verbose)
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        self.gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
+        if n_gpu_layers != 0 and not self.gpu_offload:
+            raise ModelLoadError(
+                f"GPU offload requested (n_gpu_layers={n_gpu_layers}) but the loaded llama.cpp library "
+                "has no GPU backend; set SEMIF_N_GPU_LAYERS=0 for CPU or use the GPU image"
+            )
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self.model:
+            raise ModelLoadError(f"llama.cpp could not load {path} (not a GGUF, or unsupported architecture)")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch  # one decode call = one compute graph: a fixed, known split
+        cparams.n_seq_max = 2
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.kv_unified = True  # a seq copy shares cells instead of copying KV data
+        cparams.swa_full = True  # no sliding-window pruning: the prefix stays intact for every branch
+        cparams.embeddings = False
+        cparams.no_perf = True
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self.model))
+        self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(self.model))
+        self._closed = False
+
+    # --- vocabulary -----------------------------------------------------------------------
+    def tokenize(self, text: str, special: bool) -> list[int]:
+        """Token ids of ``text``; ``special=False`` keeps control-token text as plain text."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        for _ in range(2):
+            buf = (self.lib.llama_token * capacity)()
+            n = self.lib.llama_tokenize(self.vocab, data, len(data), buf, capacity, False, special)
+            if n >= 0:
+                return list(buf[:n])
+            capacity = -n
+        raise EngineFailure(f"tokenization failed for a text of {len(data)} bytes")
+
+    def piece(self, token: int) -> str:
+        buf = ctypes.create_string_buffer(256)
+        n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[: max(n, 0)].decode("utf-8", "replace")
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(self.lib.llama_vocab_get_add_bos(self.vocab))
+
+    @property
+    def bos(self) -> int:
+        return int(self.lib.llama_vocab_bos(self.vocab))
+
+    @property
+    def eos(self) -> int:
+        return int(self.lib.llama_vocab_eos(self.vocab))
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = self.lib.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            self.lib.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def chat_template(self) -> str | None:
+        raw = self.lib.llama_model_chat_template(self.model, None)
+        return raw.decode("utf-8") if raw else None
+
+    # --- decoding ---------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], start_pos: int, seq: int, want_logits: bool) -> None:
+        """Decode ``tokens`` in fixed ``n_batch`` chunks; logits only for the very last token."""
+        total = len(tokens)
+        for offset in range(0, total, self.n_batch):
+            chunk = tokens[offset : offset + self.n_batch]
+            batch = self.batch
+            n = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i] = token
+                batch.pos[i] = start_pos + offset + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = False
+            last_chunk = offset + n == total
+            if want_logits and last_chunk:
+                batch.logits[n - 1] = True
+            batch.n_tokens = n
+            rc = self.lib.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise EngineFailure(f"llama_decode failed with code {rc} at position {start_pos + offset}")
+
+    def last_logits(self) -> np.ndarray:
+        """A zero-copy float32 view of the last output position's logits (valid until the next decode)."""
+        ptr = self.lib.llama_get_logits_ith(self.ctx, -1)
+        if not ptr:
+            raise EngineFailure("llama.cpp returned no logits for the last position")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    # --- sequences ------------------------------------------------------------------------
+    def clear(self) -> None:
+        self.lib.llama_memory_clear(self.memory, True)
+
+    def fork(self, src: int = PREFIX_SEQ, dst: int = BRANCH_SEQ) -> None:
+        self.lib.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+
+    def drop(self, seq: int) -> None:
+        if not self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1):
+            raise EngineFailure(f"llama.cpp could not remove sequence {seq}")
+
+    def save_seq(self, seq: int) -> ctypes.Array[ctypes.c_uint8]:
+        size = int(self.lib.llama_state_seq_get_size(self.ctx, seq))
+        buf = (ctypes.c_uint8 * size)()
+        written = int(self.lib.llama_state_seq_get_data(self.ctx, buf, size, seq))
+        if written != size:
+            raise EngineFailure(f"sequence state save wrote {written} of {size} bytes")
+        return buf
+
+    def restore_seq(self, seq: int, data: ctypes.Array[ctypes.c_uint8]) -> None:
+        self.drop(seq)
+        if int(self.lib.llama_state_seq_set_data(self.ctx, data, len(data), seq)) == 0:
+            raise EngineFailure("sequence state restore failed")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.lib.llama_batch_free(self.batch)
+        self.lib.llama_free(self.ctx)
+        self.lib.llama_model_free(self.model)
+
+    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,161 @@
+"""Wire schema of the decision API (``/invocations``), shared by the HTTP layer and the engine.
+
+Field names follow the reference SemIf sample so its callers can switch without code changes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+QuestionType = Literal["choice", "noul", "score"]
+
+
+class Option(BaseModel):
+    """One declared option. ``description`` is what the model reads; without one it reads the id."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: NonEmptyStr
+    description: str | None = None
+
+    @property
+    def shown_text(self) -> str:
+        return self.description if self.description else self.id
+
+
+class Decision(BaseModel):
+    """A decision: one question about a state, answered by a probability per option."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: NonEmptyStr
+    state: str | dict[str, Any] | list[Any] = Field(
+        description="Unstructured state: text, or a JSON object/array rendered as compact JSON."
+    )
+    question: NonEmptyStr
+    options: list[Option] = Field(min_length=2)
+    type: QuestionType = Field(
+        default="choice",
+        description="Question family; only selects which calibration temperature applies.",
+    )
+
+    @field_validator("options")
+    @classmethod
+    def _unique_option_ids(cls, options: list[Option]) -> list[Option]:
+        seen: set[str] = set()
+        for index, option in enumerate(options):
+            if option.id in seen:
+                raise ValueError(f"duplicate option id {option.id!r} at index {index}")
+            seen.add(option.id)
+        return options
+
+    @property
+    def state_text(self) -> str:
+        return state_to_text(self.state)
+
+
+def state_to_text(state: str | dict[str, Any] | list[Any]) -> str:
+    """Structured states are shown to the model as compact JSON, keys in the caller's order."""
+    if isinstance(state, str):
+        return state
+    return json.dumps(state, ensure_ascii=False, separators=(",", ":"))
+
+
+class DecisionTiming(BaseModel):
+    total_seconds: float
+    prefill_seconds: float = Field(description="Shared state prefix prefill (0 when reused).")
+    suffix_forward_seconds: float
+    readout_seconds: float
+    prefix_tokens: int
+    suffix_tokens: int
+    prefix_reused: bool = Field(description="True when this decision reused a prefix prefilled earlier.")
+
+
+class ModelInfo(BaseModel):
+    file: str
+    sha256: str | None
+    architecture: str | None
+    n_ctx: int
+    n_threads: int
+    n_batch: int
+    n_gpu_layers: int
+    gpu_offload: bool
+    chat_template: bool
+    llama_cpp_python_version: str
+    fork_mode: str
+
+
+class CalibrationApplied(BaseModel):
+    temperature: float
+    key: str
+
+
+class DecisionResult(BaseModel):
+    id: str
+    option_ids: list[str]
+    probabilities: list[float]
+    option_logits: list[float]
+    input_tokens: int
+    allowed_token_mass: float = Field(
+        description="Share of full-vocabulary probability on the option labels (reliability signal)."
+    )
+    argmax_token: str = Field(description="The full-vocabulary argmax token, as text.")
+    argmax_is_option: bool
+    labels: list[str]
+    prompt_sha256: str
+    prompt_version: str
+    calibration: CalibrationApplied | None = None
+    timing: DecisionTiming
+    model: ModelInfo
+
+
+class BatchTiming(BaseModel):
+    total_seconds: float
+    prefill_seconds: float
+    suffix_forward_seconds: float
+    prefix_tokens: int
+    decisions: int
+    input_tokens: int
+
+
+class BatchResult(BaseModel):
+    results: list[DecisionResult]
+    timing: BatchTiming
+
+
+class InvocationRequest(BaseModel):
+    """Exactly one of ``decision`` or ``decisions`` (all with the same state)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    decision: Decision | None = None
+    decisions: list[Decision] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> InvocationRequest:
+        if (self.decision is None) == (self.decisions is None):
+            raise ValueError("send exactly one of 'decision' (object) or 'decisions' (non-empty list)")
+        return self
+
+    @property
+    def all_decisions(self) -> list[Decision]:
+        return [self.decision] if self.decision is not None else list(self.decisions or [])
+
+
+class SingleResponse(BaseModel):
+    result: DecisionResult
+
+
+class SharedResponse(BaseModel):
+    results: list[DecisionResult]
+    timing: BatchTiming
+
+
+class ErrorResponse(BaseModel):
+    error: str
+    type: str
+    retryable: bool | None = None

@@ -1,0 +1,81 @@
+"""All runtime settings: one pydantic-settings class read from ``SEMIF_*`` environment variables.
+
+A bad value stops start-up with pydantic's message naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def available_cores() -> int:
+    """Cores this process may run on (honours cgroup/affinity limits, unlike ``os.cpu_count``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SEMIF_", extra="ignore", frozen=True)
+
+    # --- model and engine -------------------------------------------------------------
+    gguf_path: Path | None = Field(default=None, description="GGUF file to serve; overrides discovery.")
+    model_dir: Path = Field(
+        default=Path("/opt/ml/model"), description="Where SageMaker extracts model.tar.gz."
+    )
+    n_ctx: int = Field(default=8192, ge=256, description="Context size in tokens (state + one decision).")
+    n_threads: int = Field(default_factory=available_cores, ge=1, description="CPU threads for decoding.")
+    n_batch: int = Field(default=512, ge=32, description="Tokens per llama_decode call (fixed split).")
+    n_gpu_layers: int = Field(default=0, ge=-1, description="Layers to offload: 0 = CPU, -1 = all.")
+    fork_mode: Literal["auto", "copy", "state"] = Field(
+        default="auto",
+        description="How a decision branches off the shared prefix: seq copy, or state save/restore.",
+    )
+    max_decisions: int = Field(default=64, ge=1, le=4096, description="Decisions per request.")
+    max_options: int = Field(default=255, ge=2, le=255, description="Options per decision.")
+    max_request_tokens: int = Field(
+        default=65536, ge=256, description="Prefix once plus every decision's suffix, per request."
+    )
+    verify_manifest: bool = Field(
+        default=True, description="Check model-manifest.json size/sha256 next to the GGUF at start-up."
+    )
+    calibration_path: Path | None = Field(
+        default=None, description="calibration.json; default: the one in the model directory, if any."
+    )
+    warmup: bool = Field(default=True, description="Score one decision before /ping turns healthy.")
+
+    # --- HTTP ------------------------------------------------------------------------------
+    host: str = Field(default="0.0.0.0", description="Bind address.")
+    port: int = Field(
+        default=8080,
+        ge=1,
+        le=65535,
+        validation_alias=AliasChoices("SAGEMAKER_BIND_TO_PORT", "SEMIF_PORT"),
+        description="Listen port (SageMaker's SAGEMAKER_BIND_TO_PORT wins).",
+    )
+    max_queue: int = Field(default=0, ge=0, le=1024, description="Requests allowed to wait for the engine.")
+    max_body_bytes: int = Field(default=6 * 1024 * 1024, ge=1024, description="Request body limit (decoded).")
+    body_timeout_s: float = Field(default=10.0, gt=0, description="Time allowed to receive a request body.")
+    retry_after_s: int = Field(default=1, ge=0, description="Retry-After on 503 busy responses.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # --- Jev / System One compatibility -----------------------------------------------------
+    served_model_name: str | None = Field(
+        default=None, description="Name reported in answers; default from the manifest or GGUF file."
+    )
+    model_aliases: list[str] = Field(
+        default_factory=lambda: ["jev-latest", "jev-preview"],
+        description="Extra names accepted in the request's 'model' field (JSON list).",
+    )
+    api_key: str | None = Field(default=None, description="Bearer key for /v1/*; unset = no auth.")
+
+    @field_validator("gguf_path", "calibration_path", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value in ("", None) else value
