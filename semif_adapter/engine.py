@@ -160,9 +160,15 @@ class DecisionEngine:
             self._reset()
             raise EngineFailure(f"engine fault: {type(exc).__name__}: {exc}") from exc
 
-    def count_tokens(self, decisions: Sequence[Decision | Mapping[str, Any]]) -> int:
+    def prompt_tokens(
+        self, decisions: Sequence[Decision | Mapping[str, Any]]
+    ) -> tuple[list[int], list[list[int]]]:
+        """The exact token ids a request decodes: the shared prefix and each decision's suffix."""
         prefix_tokens, planned = self._plan(self._parse(decisions))
-        return len(prefix_tokens) + sum(len(p.suffix_tokens) for p in planned)
+        return prefix_tokens, [p.suffix_tokens for p in planned]
+
+    def label_token_ids(self, n_options: int) -> list[int]:
+        return self.labels.take(n_options)[1]
 
     def reset_prefix_cache(self) -> None:
         """Forget the kept prefix (benchmarks use this to measure cold requests)."""
@@ -303,7 +309,7 @@ class DecisionEngine:
         n_prefix = len(prefix_tokens)
         t0 = time.perf_counter()
         reused = self._prefill(prefix_tokens)
-        prefill_seconds = time.perf_counter() - t0
+        prefill_seconds = 0.0 if reused else time.perf_counter() - t0
         results: list[DecisionResult] = []
         suffix_total = 0.0
         input_tokens = n_prefix
@@ -333,7 +339,7 @@ class DecisionEngine:
                     timing=DecisionTiming(
                         # the prefill is charged to the first decision that needed it
                         total_seconds=(t_end - t_start) + (prefill_seconds if index == 0 else 0.0),
-                        prefill_seconds=prefill_seconds if index == 0 and not reused else 0.0,
+                        prefill_seconds=prefill_seconds if index == 0 else 0.0,
                         suffix_forward_seconds=t_forward - t_start,
                         readout_seconds=t_end - t_forward,
                         prefix_tokens=n_prefix,
@@ -350,6 +356,7 @@ class DecisionEngine:
                 prefill_seconds=prefill_seconds,
                 suffix_forward_seconds=suffix_total,
                 prefix_tokens=n_prefix,
+                prefix_reused=reused,
                 decisions=len(planned),
                 input_tokens=input_tokens,
             ),

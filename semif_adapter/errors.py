@@ -43,6 +43,11 @@ class TokenBudgetExceeded(SemifError):
     status = 413
 
 
+class UnsupportedMediaType(SemifError):
+    code = "unsupported_media_type"
+    status = 415
+
+
 class ModelBusy(SemifError):
     code = "model_busy"
     status = 503
@@ -56,7 +61,10 @@ class NotReady(SemifError):
 
 
 class EngineFailure(SemifError):
-    """The model produced something unusable (non-finite logits, a failed decode): never the caller's fault."""
+    """The model produced something unusable (non-finite logits, a failed decode).
+
+    Never the caller's fault, so never a 4xx.
+    """
 
     code = "engine_error"
     status = 500

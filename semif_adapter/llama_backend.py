@@ -38,6 +38,7 @@ REQUIRED_SYMBOLS: tuple[str, ...] = (
     "llama_vocab_get_add_bos",
     "llama_vocab_bos",
     "llama_vocab_eos",
+    "llama_vocab_is_control",
     "llama_tokenize",
     "llama_token_to_piece",
     "llama_model_chat_template",
@@ -193,6 +194,9 @@ class LlamaRuntime:
         buf = ctypes.create_string_buffer(256)
         n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
         return buf.raw[: max(n, 0)].decode("utf-8", "replace")
+
+    def is_control(self, token: int) -> bool:
+        return bool(self.lib.llama_vocab_is_control(self.vocab, token))
 
     @property
     def add_bos(self) -> bool:

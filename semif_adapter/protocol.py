@@ -118,6 +118,7 @@ class BatchTiming(BaseModel):
     prefill_seconds: float
     suffix_forward_seconds: float
     prefix_tokens: int
+    prefix_reused: bool
     decisions: int
     input_tokens: int
 

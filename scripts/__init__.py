@@ -1,0 +1,1 @@
+"""Operator scripts (packaging, image builds, SageMaker deployment). Each module has ``main(argv) -> int``."""

@@ -1,0 +1,139 @@
+"""Delete an endpoint, then its endpoint config, then its model(s), and list what is left.
+
+Already-deleted pieces are skipped, so the script can be re-run after a partial failure. The endpoint is
+deleted first and waited for, because a config or model still in use cannot be removed.
+
+    python scripts/cleanup_endpoint.py --endpoint semif-qwen
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+try:
+    from scripts import _aws
+except ModuleNotFoundError:  # run as a file: python scripts/cleanup_endpoint.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from scripts import _aws
+
+
+def _missing_ok(call: Callable[[], Any]) -> Any | None:
+    try:
+        return call()
+    except ClientError as exc:
+        if _aws.is_not_found(exc):
+            return None
+        raise
+
+
+def models_of(config: dict[str, Any]) -> list[str]:
+    """Every model a config references, including instance-pool overrides."""
+    names: list[str] = []
+    for variant in config.get("ProductionVariants", []):
+        names.append(variant["ModelName"])
+        names += [
+            p["ModelNameOverride"] for p in variant.get("InstancePools", []) if p.get("ModelNameOverride")
+        ]
+    return list(dict.fromkeys(names))
+
+
+def cleanup(
+    sm: Any,
+    endpoint: str,
+    *,
+    config_name: str | None,
+    models: list[str],
+    timeout_s: float,
+    interval_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[str]:
+    """Delete endpoint -> config -> models; returns a line per action for the operator."""
+    done: list[str] = []
+    described = _missing_ok(lambda: sm.describe_endpoint(EndpointName=endpoint))
+    if described:
+        config_name = config_name or described["EndpointConfigName"]
+    if config_name:
+        config = _missing_ok(lambda: sm.describe_endpoint_config(EndpointConfigName=config_name))
+        if config:
+            models = models + [m for m in models_of(config) if m not in models]
+    if described:
+        sm.delete_endpoint(EndpointName=endpoint)
+
+        def gone() -> tuple[bool, str]:
+            current = _missing_ok(lambda: sm.describe_endpoint(EndpointName=endpoint))
+            return current is None, "deleted" if current is None else str(current["EndpointStatus"])
+
+        _aws.wait_until(
+            gone, timeout_s=timeout_s, interval_s=interval_s, describe=f"delete {endpoint}", sleep=sleep
+        )
+        done.append(f"deleted endpoint {endpoint}")
+    else:
+        done.append(f"endpoint {endpoint} already gone")
+    if config_name:
+        deleted = _missing_ok(lambda: sm.delete_endpoint_config(EndpointConfigName=config_name))
+        done.append(f"{'deleted' if deleted is not None else 'already gone:'} endpoint config {config_name}")
+    for model in models:
+        deleted = _missing_ok(lambda m=model: sm.delete_model(ModelName=m))
+        done.append(f"{'deleted' if deleted is not None else 'already gone:'} model {model}")
+    return done
+
+
+def remaining(sm: Any, name: str) -> list[str]:
+    """Endpoints, configs and models whose names contain ``name`` (leftovers of earlier deploys)."""
+    left = [
+        f"endpoint {e['EndpointName']} ({e['EndpointStatus']})"
+        for e in sm.list_endpoints(NameContains=name)["Endpoints"]
+    ]
+    left += [
+        f"endpoint config {c['EndpointConfigName']}"
+        for c in sm.list_endpoint_configs(NameContains=name)["EndpointConfigs"]
+    ]
+    left += [
+        f"model {m['ModelName']}"
+        for m in sm.list_models(NameContains=name)["Models"]
+        if name in m["ModelName"]
+    ]
+    return left
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--endpoint-config", help="config to delete if the endpoint is already gone")
+    parser.add_argument("--model", action="append", default=[], help="model(s) to delete as well")
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--poll", type=float, default=15)
+    parser.add_argument("--region")
+    parser.add_argument("--profile")
+    args = parser.parse_args(argv)
+    try:
+        sm = _aws.client("sagemaker", region=args.region, profile=args.profile)
+        for line in cleanup(
+            sm,
+            args.endpoint,
+            config_name=args.endpoint_config,
+            models=list(args.model),
+            timeout_s=args.timeout,
+            interval_s=args.poll,
+        ):
+            print(line)
+        left = remaining(sm, args.endpoint)
+    except ClientError as exc:
+        return _aws.fail(f"AWS: {exc}")
+    except TimeoutError as exc:
+        return _aws.fail(str(exc))
+    print("remaining: " + ("; ".join(left) if left else f"nothing named *{args.endpoint}*"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,258 @@
+"""Deploy semif-adapter to a SageMaker real-time endpoint: model -> endpoint config -> endpoint.
+
+Only digest-pinned images are accepted (<repo>@sha256:<64 hex>, as printed by build_image.py): a tag could
+point at a different image tomorrow. Give one --instance-type, or an ordered --instance-pool list that
+SageMaker tries in priority order when capacity is short (ProductionVariant.InstancePools).
+
+Real-time endpoints bill per instance-hour until deleted: run cleanup_endpoint.py when done.
+
+    python scripts/deploy_endpoint.py --name semif-qwen \
+        --role-arn arn:aws:iam::123456789012:role/SageMakerRole \
+        --image 123456789012.dkr.ecr.us-east-1.amazonaws.com/semif-adapter-gpu@sha256:<64 hex> \
+        --model-data s3://my-bucket/semif/qwen/model.tar.gz --instance-pool ml.g6.xlarge,ml.g5.xlarge --wait
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+try:
+    from scripts import _aws
+except ModuleNotFoundError:  # run as a file: python scripts/deploy_endpoint.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from scripts import _aws
+
+ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
+NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,40}$")
+MAX_POOLS = 5
+VARIANT = "AllTraffic"
+SETTING_FLAGS = {  # option dest -> container environment variable
+    "threads": "SEMIF_N_THREADS",
+    "gpu_layers": "SEMIF_N_GPU_LAYERS",
+    "n_ctx": "SEMIF_N_CTX",
+    "max_decisions": "SEMIF_MAX_DECISIONS",
+    "max_options": "SEMIF_MAX_OPTIONS",
+    "max_request_tokens": "SEMIF_MAX_REQUEST_TOKENS",
+    "max_queue": "SEMIF_MAX_QUEUE",
+}
+
+
+def parse_pool(value: str) -> list[str]:
+    """``ml.g6.xlarge,ml.g5.xlarge`` -> ordered list (first = priority 1)."""
+    types = [t.strip() for t in value.split(",") if t.strip()]
+    if not 1 <= len(types) <= MAX_POOLS:
+        raise argparse.ArgumentTypeError(f"takes 1 to {MAX_POOLS} instance types, got {len(types)}")
+    if len(set(types)) != len(types):
+        raise argparse.ArgumentTypeError(f"--instance-pool lists an instance type twice: {value}")
+    for t in types:
+        if not t.startswith("ml."):
+            raise argparse.ArgumentTypeError(f"instance type {t!r} must look like ml.<family>.<size>")
+    return types
+
+
+def production_variant(
+    *,
+    model_name: str,
+    instance_type: str | None,
+    instance_pool: list[str] | None,
+    instance_count: int,
+    startup_timeout_s: int,
+    download_timeout_s: int,
+    provision_timeout_s: int | None,
+) -> dict[str, Any]:
+    """One ProductionVariant. With a pool, InstanceType is replaced by InstancePools (priority 1 = first)."""
+    variant: dict[str, Any] = {
+        "VariantName": VARIANT,
+        "ModelName": model_name,
+        "InitialInstanceCount": instance_count,
+        "InitialVariantWeight": 1.0,
+        "ContainerStartupHealthCheckTimeoutInSeconds": startup_timeout_s,
+        "ModelDataDownloadTimeoutInSeconds": download_timeout_s,
+    }
+    if instance_pool:
+        variant["InstancePools"] = [
+            {"InstanceType": t, "Priority": i} for i, t in enumerate(instance_pool, start=1)
+        ]
+        if provision_timeout_s:
+            variant["VariantInstanceProvisionTimeoutInSeconds"] = provision_timeout_s
+    else:
+        variant["InstanceType"] = instance_type
+    return variant
+
+
+def deploy(
+    sm: Any,
+    *,
+    endpoint: str,
+    image: _aws.ImageRef,
+    model_data: str,
+    role_arn: str,
+    environment: dict[str, str],
+    variant: dict[str, Any],
+    stamp: str,
+    network_isolation: bool = True,
+) -> tuple[str, str]:
+    """Create model, endpoint config and endpoint in that order; returns (model, config) names."""
+    model_name = f"{endpoint}-{stamp}"
+    config_name = f"{endpoint}-{stamp}"
+    tags = [{"Key": "project", "Value": "semif-adapter"}, {"Key": "endpoint", "Value": endpoint}]
+    sm.create_model(
+        ModelName=model_name,
+        ExecutionRoleArn=role_arn,
+        PrimaryContainer={"Image": image.uri, "ModelDataUrl": model_data, "Environment": environment},
+        EnableNetworkIsolation=network_isolation,
+        Tags=tags,
+    )
+    sm.create_endpoint_config(
+        EndpointConfigName=config_name, ProductionVariants=[{**variant, "ModelName": model_name}], Tags=tags
+    )
+    sm.create_endpoint(EndpointName=endpoint, EndpointConfigName=config_name, Tags=tags)
+    return model_name, config_name
+
+
+def wait_in_service(
+    sm: Any,
+    endpoint: str,
+    *,
+    timeout_s: float,
+    interval_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[str, str]:
+    """Follow the endpoint until InService or Failed; returns (status, failure reason)."""
+    reason = ""
+
+    def poll() -> tuple[bool, str]:
+        nonlocal reason
+        described = sm.describe_endpoint(EndpointName=endpoint)
+        status = str(described["EndpointStatus"])
+        reason = str(described.get("FailureReason", ""))
+        return status in {"InService", "Failed", "OutOfService"}, status
+
+    status = _aws.wait_until(
+        poll, timeout_s=timeout_s, interval_s=interval_s, describe=f"endpoint {endpoint}", sleep=sleep
+    )
+    return status, reason
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared with deploy_standard_endpoint.py."""
+    parser.add_argument("--name", required=True, help="endpoint name (model/config get a time suffix)")
+    parser.add_argument("--image", required=True, help="<repo>@sha256:<64 hex> (tags are refused)")
+    parser.add_argument("--model-data", required=True, help="s3://bucket/key/model.tar.gz")
+    parser.add_argument("--role-arn", required=True, help="SageMaker execution role ARN")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--instance-type", help="one instance type, e.g. ml.c7i.2xlarge")
+    where.add_argument(
+        "--instance-pool", type=parse_pool, help="ordered fallbacks, e.g. ml.g6.xlarge,ml.g5.xlarge"
+    )
+    parser.add_argument("--instance-count", type=int, default=1)
+    parser.add_argument("--startup-timeout", type=int, default=900, help="health-check timeout, 60-3600 s")
+    parser.add_argument("--download-timeout", type=int, default=900, help="model download timeout, 60-3600 s")
+    parser.add_argument(
+        "--provision-timeout", type=int, help="instance-pool provisioning timeout, 300-3600 s"
+    )
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra container env")
+    parser.add_argument("--wait", action="store_true", help="follow the endpoint until InService/Failed")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait with --wait")
+    parser.add_argument("--poll", type=float, default=30, help="seconds between status checks")
+    parser.add_argument("--region")
+    parser.add_argument("--profile")
+
+
+def validate_common(args: argparse.Namespace) -> tuple[_aws.ImageRef, dict[str, str]]:
+    """Every check that needs no AWS call; raises UsageError."""
+    image = _aws.parse_digest_uri(args.image)
+    _aws.parse_model_data(args.model_data)
+    if not ROLE_ARN.fullmatch(args.role_arn):
+        raise _aws.UsageError(f"--role-arn {args.role_arn!r} is not an IAM role ARN")
+    if not NAME.fullmatch(args.name):
+        raise _aws.UsageError(f"--name {args.name!r}: letters, digits and hyphens, at most 41 characters")
+    for flag, value, low, high in (
+        ("--startup-timeout", args.startup_timeout, 60, 3600),
+        ("--download-timeout", args.download_timeout, 60, 3600),
+        ("--provision-timeout", args.provision_timeout, 300, 3600),
+    ):
+        if value is not None and not low <= value <= high:
+            raise _aws.UsageError(f"{flag} must be between {low} and {high} seconds, got {value}")
+    if args.provision_timeout and not args.instance_pool:
+        raise _aws.UsageError("--provision-timeout applies to --instance-pool only")
+    if args.instance_count < 1:
+        raise _aws.UsageError("--instance-count must be at least 1")
+    return image, _aws.env_pairs(args.env)
+
+
+def run(args: argparse.Namespace, environment: dict[str, str], image: _aws.ImageRef) -> int:
+    """Deploy (and optionally wait); shared by both deploy scripts."""
+    variant = production_variant(
+        model_name="",
+        instance_type=args.instance_type,
+        instance_pool=args.instance_pool,
+        instance_count=args.instance_count,
+        startup_timeout_s=args.startup_timeout,
+        download_timeout_s=args.download_timeout,
+        provision_timeout_s=args.provision_timeout,
+    )
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    try:
+        sm = _aws.client("sagemaker", region=args.region, profile=args.profile)
+        model_name, config_name = deploy(
+            sm,
+            endpoint=args.name,
+            image=image,
+            model_data=args.model_data,
+            role_arn=args.role_arn,
+            environment=environment,
+            variant=variant,
+            stamp=stamp,
+        )
+        print(f"creating endpoint {args.name} (model {model_name}, config {config_name})")
+        print("billing runs until deleted: python scripts/cleanup_endpoint.py --endpoint " + args.name)
+        if not args.wait:
+            return 0
+        status, reason = wait_in_service(sm, args.name, timeout_s=args.timeout, interval_s=args.poll)
+    except ClientError as exc:
+        return _aws.fail(f"AWS: {exc}")
+    except TimeoutError as exc:
+        return _aws.fail(str(exc))
+    if status != "InService":
+        return _aws.fail(f"endpoint {args.name} is {status}: {reason or 'no failure reason given'}")
+    print(f"endpoint {args.name} is InService")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_common_arguments(parser)
+    parser.add_argument("--threads", type=int, help="SEMIF_N_THREADS (default: all cores)")
+    parser.add_argument("--gpu-layers", type=int, help="SEMIF_N_GPU_LAYERS (GPU image default -1 = all)")
+    parser.add_argument("--n-ctx", type=int, help="SEMIF_N_CTX")
+    parser.add_argument("--max-decisions", type=int, help="SEMIF_MAX_DECISIONS")
+    parser.add_argument("--max-options", type=int, help="SEMIF_MAX_OPTIONS")
+    parser.add_argument("--max-request-tokens", type=int, help="SEMIF_MAX_REQUEST_TOKENS")
+    parser.add_argument("--max-queue", type=int, help="SEMIF_MAX_QUEUE")
+    args = parser.parse_args(argv)
+    try:
+        image, extra = validate_common(args)
+    except _aws.UsageError as exc:
+        return _aws.fail(str(exc))
+    environment = {
+        env: str(getattr(args, dest))
+        for dest, env in SETTING_FLAGS.items()
+        if getattr(args, dest) is not None
+    }
+    environment.update(extra)
+    return run(args, environment, image)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""Ask the stock llama.cpp DLC endpoint (deploy_standard_endpoint.py) one chat question, OpenAI style.
+
+python scripts/invoke_standard_endpoint.py --endpoint llamacpp-qwen --prompt "Answer A or B: ..."
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+try:
+    from scripts import _aws, invoke_endpoint
+except ModuleNotFoundError:  # run as a file: python scripts/invoke_standard_endpoint.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from scripts import _aws, invoke_endpoint
+
+
+def chat_payload(prompt: str, *, system: str | None, max_tokens: int, temperature: float) -> dict[str, Any]:
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}
+    ]
+    return {"messages": messages, "max_tokens": max_tokens, "temperature": temperature}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    invoke_endpoint.add_runtime_arguments(parser)
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--system")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--raw", action="store_true", help="print the whole response JSON")
+    args = parser.parse_args(argv)
+    payload = chat_payload(
+        args.prompt, system=args.system, max_tokens=args.max_tokens, temperature=args.temperature
+    )
+    try:
+        response = invoke_endpoint.invoke_with_retry(
+            invoke_endpoint.runtime_client(args),
+            endpoint=args.endpoint,
+            body=json.dumps(payload).encode(),
+            max_attempts=args.max_attempts,
+            base_s=args.base_delay,
+            cap_s=args.max_delay,
+        )
+    except ClientError as exc:
+        detail = exc.response.get("OriginalMessage") or exc.response.get("Error", {}).get("Message", "")
+        return _aws.fail(f"{_aws.error_code(exc)}: {detail}")
+    try:
+        answer = json.loads(response["Body"])
+        text = answer["choices"][0]["message"]["content"]
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+        return _aws.fail(f"unexpected response: {response['Body'][:500]!r}")
+    print(json.dumps(answer, indent=2) if args.raw else text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""Bounded admission to the single engine: one operation runs, at most ``max_queue`` wait, the rest get 503.
+
+The slot is released when the engine's work finishes, not when the awaiting request goes away: a
+client that disconnects mid-decision must not let a second operation onto the same llama.cpp context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from .errors import ModelBusy
+
+T = TypeVar("T")
+
+
+class Admission:
+    def __init__(self, max_queue: int, retry_after_s: int) -> None:
+        self.capacity = 1 + max_queue
+        self.retry_after_s = retry_after_s
+        self._admitted = 0  # running + waiting
+        self._lock = asyncio.Lock()
+        # one dedicated thread: llama.cpp always runs on the same OS thread, off the event loop
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semif-engine")
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def admitted(self) -> int:
+        return self._admitted
+
+    async def run(self, fn: Callable[[], T]) -> tuple[T, float]:
+        """Run ``fn`` on the engine thread; returns (result, seconds spent waiting for the engine)."""
+        if self._admitted >= self.capacity:
+            raise ModelBusy(
+                f"the model is busy ({self._admitted} request(s) admitted, capacity {self.capacity}); "
+                f"retry after {self.retry_after_s} s with backoff"
+            )
+        self._admitted += 1
+        self._idle.clear()
+        queued_at = time.perf_counter()
+        released = False
+
+        def release(_: object = None) -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            self._lock.release()
+            self._admitted -= 1
+            if self._admitted == 0:
+                self._idle.set()
+
+        try:
+            await self._lock.acquire()
+        except BaseException:
+            self._admitted -= 1
+            if self._admitted == 0:
+                self._idle.set()
+            raise
+        waited = time.perf_counter() - queued_at
+        future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        try:
+            result = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(release)  # keep the slot until the engine is really free
+            raise
+        except BaseException:
+            release()
+            raise
+        release()
+        return result, waited
+
+    async def run_exclusive(self, fn: Callable[[], T]) -> T:
+        """Run on the engine thread regardless of capacity (start-up, health probes)."""
+        async with self._lock:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def drain(self) -> None:
+        await self._idle.wait()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,158 @@
+"""Temperature calibration: the ``calibration.json`` schema, its loader and the softmax it drives.
+
+Raw option probabilities of a language model are not calibrated confidence. ``scripts/calibrate.py``
+fits one temperature per question type (optionally per option count) on labelled decisions and
+writes ``calibration.json``; the engine loads it here and reports ``softmax(logits / T)`` while the
+raw ``option_logits`` stay untouched. The writer (``semif_adapter.eval.calibrate``) and this reader
+share :class:`CalibrationFile`, so the two cannot drift apart.
+
+Schema (version 1)::
+
+    {
+      "version": 1,
+      "method": "temperature",
+      "created_at": "2026-01-01T00:00:00+00:00",
+      "prompt_version": "v1" | null,     # prompt the logits were read with
+      "model_sha256": "<hex>" | null,    # GGUF the fit belongs to, if known
+      "temperatures": {"choice": 1.4, "choice/4": 1.2, "noul": 0.9},   # accepted fits only
+      "fits": {"<key>": {...}},          # per key: fit/held-out metrics, accepted or not (free form)
+      "split": {"seed": 0, "held_out_fraction": 0.3},
+      "source": {...}                    # where the logits came from (free form)
+    }
+
+A key is a question type (``choice``, ``noul``, ``score``) or ``type/n_options`` (``choice/4``);
+the most specific key wins.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from semif_adapter.errors import ModelLoadError
+
+CALIBRATION_VERSION = 1
+CALIBRATION_FILENAME = "calibration.json"
+QUESTION_TYPES = ("choice", "noul", "score")
+_KEY_RE = re.compile(r"^(choice|noul|score)(?:/([1-9][0-9]*))?$")
+
+
+def calibration_key(question_type: str, n_options: int | None = None) -> str:
+    """The key a fit is stored under: the type alone, or ``type/n`` for one option count."""
+    return question_type if n_options is None else f"{question_type}/{n_options}"
+
+
+class CalibrationFile(BaseModel):
+    """On-disk form of ``calibration.json`` (see the module docstring)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: Literal[1] = CALIBRATION_VERSION
+    method: Literal["temperature"] = "temperature"
+    created_at: str | None = None
+    prompt_version: str | None = None
+    model_sha256: str | None = None
+    temperatures: dict[str, float] = Field(default_factory=dict)
+    fits: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    split: dict[str, Any] = Field(default_factory=dict)
+    source: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("temperatures")
+    @classmethod
+    def _valid_temperatures(cls, temperatures: dict[str, float]) -> dict[str, float]:
+        for key, value in temperatures.items():
+            match = _KEY_RE.match(key)
+            if match is None:
+                raise ValueError(f"key {key!r} is not 'type' or 'type/n_options' (type: choice|noul|score)")
+            if match.group(2) is not None and int(match.group(2)) < 2:
+                raise ValueError(f"key {key!r}: a decision has at least 2 options")
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"temperature for {key!r} must be a finite number > 0, got {value!r}")
+        return temperatures
+
+
+class Calibration:
+    """Loaded temperatures; the engine asks :meth:`temperature_for` once per decision."""
+
+    def __init__(self, data: CalibrationFile, path: Path | None = None) -> None:
+        self.data = data
+        self.path = path
+
+    @classmethod
+    def load(cls, path: Path) -> Calibration:
+        """Read and validate ``path``; any defect stops start-up with a message naming the file."""
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ModelLoadError(f"calibration file {path} does not exist") from exc
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ModelLoadError(f"calibration file {path} is not readable JSON: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"calibration file {path} must hold a JSON object")
+        try:
+            data = CalibrationFile.model_validate(raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+            )
+            raise ModelLoadError(f"calibration file {path} is malformed: {problems}") from exc
+        return cls(data, path)
+
+    @property
+    def temperatures(self) -> dict[str, float]:
+        return dict(self.data.temperatures)
+
+    @property
+    def prompt_version(self) -> str | None:
+        return self.data.prompt_version
+
+    @property
+    def model_sha256(self) -> str | None:
+        return self.data.model_sha256
+
+    def temperature_for(self, question_type: str, n_options: int) -> tuple[float, str] | None:
+        """``(T, key)`` for a decision, preferring ``type/n_options`` over ``type``; None if uncalibrated."""
+        for key in (calibration_key(question_type, n_options), calibration_key(question_type)):
+            value = self.data.temperatures.get(key)
+            if value is not None:
+                return float(value), key
+        return None
+
+
+def apply_temperature(logits: np.ndarray, t: float) -> np.ndarray:
+    """float64 ``softmax(logits / t)`` over the last axis (max-shifted, so large logits cannot overflow)."""
+    if not (math.isfinite(t) and t > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {t!r}")
+    scaled = np.asarray(logits, dtype=np.float64) / t
+    if scaled.ndim == 0 or scaled.shape[-1] == 0:
+        raise ValueError("logits must have at least one entry on the last axis")
+    if not np.all(np.isfinite(scaled)):
+        raise ValueError("logits must be finite")
+    shifted = scaled - scaled.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=-1, keepdims=True)
+
+
+def find_calibration(model_dir: Path | None, explicit_path: Path | None) -> Path | None:
+    """The explicit file if given (it must exist), else ``model_dir/calibration.json`` if present.
+
+    A configured path that is missing is an operator error, so it fails loudly instead of silently
+    serving uncalibrated probabilities.
+    """
+    if explicit_path is not None:
+        explicit_path = Path(explicit_path)
+        if not explicit_path.is_file():
+            raise ModelLoadError(f"calibration file {explicit_path} (SEMIF_CALIBRATION_PATH) does not exist")
+        return explicit_path
+    if model_dir is not None:
+        candidate = Path(model_dir) / CALIBRATION_FILENAME
+        if candidate.is_file():
+            return candidate
+    return None

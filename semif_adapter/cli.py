@@ -1,0 +1,127 @@
+"""Command line: ``semif-adapter serve`` (SageMaker runs the image with the argument ``serve``), plus tools."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from .errors import SemifError
+from .settings import Settings
+
+log = logging.getLogger("semif_adapter")
+
+
+def _settings_or_exit() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"SEMIF_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
+        )
+        print(f"semif-adapter: invalid settings: {problems}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+def serve(_: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .app import create_app
+    from .engine import DecisionEngine
+    from .logs import configure_logging
+    from .model_discovery import discover_gguf
+
+    settings = _settings_or_exit()
+    configure_logging(settings.log_level)
+    try:
+        gguf = discover_gguf(settings)
+    except SemifError as exc:
+        log.error("model load failed: %s", exc)
+        return 1
+    fatal: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def on_fatal(reason: str) -> None:
+        fatal.append(reason)
+        if server is not None:
+            server.should_exit = True  # SageMaker surfaces a non-zero exit as the failure reason
+
+    app = create_app(settings, lambda: DecisionEngine.load(settings, gguf), on_fatal=on_fatal)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        timeout_keep_alive=75,  # longer than SageMaker's 60 s invocation timeout
+        timeout_graceful_shutdown=60,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    log.info("starting", extra={"host": settings.host, "port": settings.port, "gguf": str(gguf)})
+    server.run()
+    return 1 if fatal else 0
+
+
+def score(args: argparse.Namespace) -> int:
+    """One-shot scoring without a server: read a request JSON, print the response JSON."""
+    from .engine import DecisionEngine
+    from .model_discovery import discover_gguf
+    from .protocol import InvocationRequest
+
+    settings = _settings_or_exit()
+    logging.basicConfig(level=logging.WARNING)
+    text = sys.stdin.read() if args.request == "-" else Path(args.request).read_text()
+    try:
+        request = InvocationRequest.model_validate_json(text)
+        engine = DecisionEngine.load(settings, discover_gguf(settings))
+        batch = engine.score(request.all_decisions)
+    except (SemifError, ValidationError) as exc:
+        print(f"semif-adapter: {exc}", file=sys.stderr)
+        return 1
+    if request.decision is not None:
+        out = {"result": batch.results[0].model_dump(mode="json")}
+    else:
+        out = batch.model_dump(mode="json")
+    json.dump(out, sys.stdout, indent=2, ensure_ascii=False)
+    print()
+    return 0
+
+
+def demo_models(args: argparse.Namespace) -> int:
+    from .demo_models import main as demo_main
+
+    return demo_main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="semif-adapter", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_serve = sub.add_parser("serve", help="run the HTTP server (settings from SEMIF_* environment)")
+    p_serve.set_defaults(func=serve)
+    p_score = sub.add_parser("score", help="score one request file without a server")
+    p_score.add_argument("request", help="request JSON file ({'decision': …} or {'decisions': […]}), or -")
+    p_score.set_defaults(func=score)
+    p_models = sub.add_parser("demo-models", help="assemble the embedded demo/test GGUFs")
+    p_models.add_argument("rest", nargs=argparse.REMAINDER)
+    p_models.set_defaults(func=demo_models)
+    try:
+        from .eval.cli import add_parser as add_eval_subcommands
+    except ImportError:  # pragma: no cover - eval extras not installed
+        pass
+    else:
+        add_eval_subcommands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Prometheus metrics, on a registry per app so several apps (tests) never collide."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "semif_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "semif_request_seconds", "HTTP request latency", ["route"], buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.engine_seconds = Histogram(
+            "semif_engine_seconds", "Engine time per operation", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.queue_wait = Histogram(
+            "semif_queue_wait_seconds", "Time waiting for the engine", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.decisions = Counter("semif_decisions", "Decisions scored", registry=r)
+        self.input_tokens = Counter("semif_input_tokens", "Prompt tokens decoded or reused", registry=r)
+        self.prefill_tokens = Counter("semif_prefill_tokens", "Prefix tokens actually prefilled", registry=r)
+        self.busy_rejections = Counter("semif_busy_rejections", "Requests refused with 503 busy", registry=r)
+        self.engine_errors = Counter("semif_engine_errors", "Engine failures", registry=r)
+        self.ready = Gauge("semif_ready", "1 when /ping is healthy", registry=r)
+        self.in_flight = Gauge("semif_engine_admitted", "Requests running or waiting for the engine", registry=r)

