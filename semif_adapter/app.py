@@ -39,7 +39,12 @@ from .settings import Settings
 log = logging.getLogger("semif_adapter.http")
 
 JSON_TYPES = {"application/json", "text/json"}
-JSONLINES_TYPES = {"application/jsonlines", "application/x-jsonlines", "application/jsonl", "application/x-ndjson"}
+JSONLINES_TYPES = {
+    "application/jsonlines",
+    "application/x-jsonlines",
+    "application/jsonl",
+    "application/x-ndjson",
+}
 
 
 def _error_body(request: Request, exc: SemifError) -> dict[str, Any]:
@@ -160,9 +165,7 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         if request.url.path.startswith("/v1/"):
-            errors = [
-                {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()
-            ]
+            errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
             return JSONResponse({"detail": errors}, status_code=422)
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
@@ -220,8 +223,10 @@ def create_app(
                 f"Content-Type {media_type!r} is not supported; use application/json or application/jsonlines"
             )
         payload = _parse_json(body)
-        if isinstance(payload, dict) and "questions" in payload and not (
-            "decision" in payload or "decisions" in payload
+        if (
+            isinstance(payload, dict)
+            and "questions" in payload
+            and not ("decision" in payload or "decisions" in payload)
         ):
             from .systemone import answer_systemone_invocation
 
@@ -297,7 +302,9 @@ def create_app(
     def custom_openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
-        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         extra = InvocationRequest.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(extra.pop("$defs", {}))
@@ -314,4 +321,3 @@ def create_app(
     if systemone_router is not None:
         app.include_router(systemone_router)
     return app
-

@@ -1,4 +1,4 @@
-"""Command line: ``semif-adapter serve`` (SageMaker runs the image with the argument ``serve``), plus tools."""
+"""Command line: `semif-adapter serve` (SageMaker runs images with the argument `serve`), plus tools."""
 
 from __future__ import annotations
 

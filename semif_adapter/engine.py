@@ -194,9 +194,7 @@ class DecisionEngine:
                 parsed.append(Decision.model_validate(item))
             except ValidationError as exc:
                 first = exc.errors()[0]
-                raise DecisionValidationError(
-                    first["msg"], loc=("decisions", index, *first["loc"])
-                ) from exc
+                raise DecisionValidationError(first["msg"], loc=("decisions", index, *first["loc"])) from exc
         seen: dict[str, int] = {}
         state = parsed[0].state_text
         for index, decision in enumerate(parsed):

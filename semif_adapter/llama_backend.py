@@ -90,8 +90,10 @@ def _load_backend_plugins(llama_cpp: Any) -> None:
     """Load ggml backend plugins (e.g. the DLC's CUDA backend) when the library is built with them."""
     directory = os.environ.get("GGML_BACKEND_DIR") or os.environ.get("LLAMA_CPP_LIB_PATH")
     try:
-        ggml = ctypes.CDLL("libggml.so") if directory is None else ctypes.CDLL(
-            str(Path(directory) / "libggml.so")
+        ggml = (
+            ctypes.CDLL("libggml.so")
+            if directory is None
+            else ctypes.CDLL(str(Path(directory) / "libggml.so"))
         )
     except OSError:
         return
@@ -111,6 +113,7 @@ def _init_backend(llama_cpp: Any, verbose: bool) -> None:
         if _initialised:
             return
         if not verbose:
+
             @llama_cpp.llama_log_callback
             def _quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
                 if level == 4 and text:  # GGML_LOG_LEVEL_ERROR

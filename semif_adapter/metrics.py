@@ -29,4 +29,6 @@ class Metrics:
         self.busy_rejections = Counter("semif_busy_rejections", "Requests refused with 503 busy", registry=r)
         self.engine_errors = Counter("semif_engine_errors", "Engine failures", registry=r)
         self.ready = Gauge("semif_ready", "1 when /ping is healthy", registry=r)
-        self.in_flight = Gauge("semif_engine_admitted", "Requests running or waiting for the engine", registry=r)
+        self.in_flight = Gauge(
+            "semif_engine_admitted", "Requests running or waiting for the engine", registry=r
+        )

@@ -164,7 +164,9 @@ class DecisionService:
         batches, waited, engine_s = await self._admit(lambda: [engine.score(decisions)])
         return Scored(batches[0], waited, engine_s)
 
-    async def score_groups(self, groups: Sequence[Sequence[Decision]]) -> tuple[list[BatchResult], float, float]:
+    async def score_groups(
+        self, groups: Sequence[Sequence[Decision]]
+    ) -> tuple[list[BatchResult], float, float]:
         """Several same-state groups as ONE admitted operation (jsonlines bodies)."""
         engine = self._require_ready()
 
@@ -180,9 +182,7 @@ class DecisionService:
 
         return await self._admit(run)
 
-    async def _admit(
-        self, fn: Callable[[], list[BatchResult]]
-    ) -> tuple[list[BatchResult], float, float]:
+    async def _admit(self, fn: Callable[[], list[BatchResult]]) -> tuple[list[BatchResult], float, float]:
         def timed() -> tuple[list[BatchResult], float]:
             t0 = time.perf_counter()
             value = fn()

@@ -7,26 +7,14 @@ instead of one started here.
 from __future__ import annotations
 
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tarfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pytest
+from support import LiveServer, engine_settings, make_model_dir, start_server, wait_for_ping
 
 from semif_adapter.demo_models import ensure_model
 from semif_adapter.engine import DecisionEngine
-from semif_adapter.settings import Settings
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-ENGINE_N_CTX = 4096
 
 
 @pytest.fixture(scope="session")
@@ -37,12 +25,6 @@ def gemma_gguf() -> Path:
 @pytest.fixture(scope="session")
 def qwen_gguf() -> Path:
     return ensure_model("qwen")
-
-
-def engine_settings(**overrides: object) -> Settings:
-    values: dict[str, object] = {"n_ctx": ENGINE_N_CTX, "n_batch": 512, "verify_manifest": False}
-    values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")
@@ -63,110 +45,6 @@ def qwen_engine(qwen_gguf: Path) -> Iterator[DecisionEngine]:
 def engine(request: pytest.FixtureRequest) -> DecisionEngine:
     """Each engine test runs on both real models (base/plain prompt and ChatML template)."""
     return request.getfixturevalue(f"{request.param}_engine")
-
-
-# --- live servers -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class LiveServer:
-    url: str
-    process: subprocess.Popen[bytes] | None = None
-    log_path: Path | None = None
-    ping_history: list[int] = field(default_factory=list)
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path else ""
-
-    def stop(self, timeout: float = 30) -> int | None:
-        if self.process is None or self.process.poll() is not None:
-            return self.process.returncode if self.process else None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
-
-
-def make_model_dir(root: Path, gguf: Path, extra_files: dict[str, bytes] | None = None) -> Path:
-    """Lay out /opt/ml/model the way SageMaker does: extract a model.tar.gz holding the GGUF."""
-    staging = root / "staging"
-    staging.mkdir(parents=True, exist_ok=True)
-    archive = root / "model.tar.gz"
-    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
-        tar.add(gguf, arcname=gguf.name)
-        for name, data in (extra_files or {}).items():
-            path = staging / name
-            path.write_bytes(data)
-            tar.add(path, arcname=name)
-    model_dir = root / "opt-ml-model"
-    model_dir.mkdir()
-    with tarfile.open(archive, "r:gz") as tar:
-        tar.extractall(model_dir, filter="data")
-    archive.unlink()
-    shutil.rmtree(staging)
-    return model_dir
-
-
-def start_server(
-    model_dir: Path | None,
-    log_dir: Path,
-    env: dict[str, str] | None = None,
-    *,
-    wait_ready: bool = True,
-    timeout: float = 180,
-) -> LiveServer:
-    port = free_port()
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SEMIF_")}
-    full_env.update(
-        {
-            "SEMIF_PORT": str(port),
-            "SEMIF_HOST": "127.0.0.1",
-            "SEMIF_N_CTX": str(ENGINE_N_CTX),
-            "PYTHONUNBUFFERED": "1",
-        }
-    )
-    if model_dir is not None:
-        full_env["SEMIF_MODEL_DIR"] = str(model_dir)
-    full_env.update(env or {})
-    log_path = log_dir / f"server-{port}.log"
-    handle = log_path.open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "semif_adapter", "serve"],
-        cwd=REPO_ROOT,
-        env=full_env,
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-    )
-    server = LiveServer(f"http://127.0.0.1:{port}", process, log_path)
-    if wait_ready:
-        wait_for_ping(server, timeout)
-    return server
-
-
-def wait_for_ping(server: LiveServer, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=5) as client:
-        while time.monotonic() < deadline:
-            if server.process is not None and server.process.poll() is not None:
-                raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log_text()}")
-            try:
-                status = client.get(server.url + "/ping").status_code
-            except httpx.TransportError:
-                time.sleep(0.02)
-                continue
-            server.ping_history.append(status)
-            if status == 200:
-                return
-            time.sleep(0.02)
-    raise RuntimeError(f"server not ready within {timeout} s:\n{server.log_text()}")
 
 
 @pytest.fixture(scope="session")

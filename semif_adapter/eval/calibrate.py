@@ -131,10 +131,13 @@ def fit_key(
         return report
     t = fit_temperature(fit)
     before, after = evaluate(held, 1.0), evaluate(held, t)
-    at_bound = t <= T_MIN * 1.01 or t >= T_MAX / 1.01
+    at_low, at_high = t <= T_MIN * 1.01, t >= T_MAX / 1.01
+    at_bound = at_low or at_high
     accepted = after["ece"] < before["ece"] and not at_bound
-    if at_bound:
-        reason = f"fit ran into the search bound [{T_MIN}, {T_MAX}] (too few errors to fit); rejected"
+    if at_low:
+        reason = f"fit ran into T_MIN={T_MIN}: the fit split has (almost) no errors; rejected"
+    elif at_high:
+        reason = f"fit ran into T_MAX={T_MAX}: the logits carry (almost) no signal; rejected"
     elif accepted:
         reason = "held-out ECE improved"
     else:

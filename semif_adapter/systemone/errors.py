@@ -60,8 +60,8 @@ def systemone_error_response(exc: BaseException, retry_after_s: int = 1) -> JSON
     """Render any exception raised while answering a System One request (used by both routes)."""
     if isinstance(exc, SystemOneValidationError):
         return JSONResponse({"detail": exc.errors}, status_code=422)
-    if isinstance(exc, ValidationError):  # defensive: a model validated outside our parser
-        return JSONResponse({"detail": SystemOneValidationError.from_pydantic(exc).errors}, status_code=422)
+    # A bare pydantic ValidationError here is a bug of ours (the request parser converts its own),
+    # so it falls through to the 500 below rather than blaming the caller.
     if isinstance(exc, DecisionValidationError):
         # The engine's own checks (e.g. label capacity) are still the caller's fault: 422 with a loc.
         loc = ["body", *exc.loc] if exc.loc else ["body"]

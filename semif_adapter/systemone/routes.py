@@ -36,12 +36,19 @@ from semif_adapter.systemone.service import (
 
 
 def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
-    """Resolve pydantic's local ``#/$defs`` refs, which mean nothing inside an OpenAPI document."""
+    """Resolve pydantic's local ``#/$defs`` refs, which mean nothing inside an OpenAPI document.
+
+    The discriminator goes too: its mapping names those refs; each inlined branch still pins ``type``.
+    """
     if isinstance(node, dict):
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#/$defs/"):
             return _inline_refs(defs[ref.removeprefix("#/$defs/")], defs)
-        return {key: _inline_refs(value, defs) for key, value in node.items() if key != "$defs"}
+        return {
+            key: _inline_refs(value, defs)
+            for key, value in node.items()
+            if key not in ("$defs", "discriminator")
+        }
     if isinstance(node, list):
         return [_inline_refs(item, defs) for item in node]
     return node

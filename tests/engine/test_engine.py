@@ -33,7 +33,9 @@ TEAM = decision(
 )
 SEVERITY = decision("severity", "How severe is it?", [("low", None), ("high", None)])
 CAUSE = decision(
-    "cause", "What is the most likely cause?", [("db", "database"), ("code", "a code bug"), ("net", "network")]
+    "cause",
+    "What is the most likely cause?",
+    [("db", "database"), ("code", "a code bug"), ("net", "network")],
 )
 ALL = [TEAM, SEVERITY, CAUSE]
 
@@ -88,7 +90,8 @@ def test_single_equals_shared(engine: DecisionEngine) -> None:
     for request in ALL:
         engine.reset_prefix_cache()
         alone = engine.score([request]).results[0]
-        assert max(abs(a - b) for a, b in zip(alone.probabilities, shared[request["id"]].probabilities)) <= 1e-6
+        together = shared[request["id"]].probabilities
+        assert max(abs(a - b) for a, b in zip(alone.probabilities, together, strict=True)) <= 1e-6
         assert alone.probabilities == shared[request["id"]].probabilities  # in fact bit-identical
         assert alone.prompt_sha256 == shared[request["id"]].prompt_sha256
 
@@ -111,7 +114,7 @@ def test_repeatable_with_and_without_prefix_reuse(engine: DecisionEngine) -> Non
     warm = engine.score(ALL)
     assert warm.timing.prefill_seconds == 0.0 and warm.results[0].timing.prefix_reused
     assert cold.results[0].timing.prefix_reused is False
-    for a, b in zip(cold.results, warm.results):
+    for a, b in zip(cold.results, warm.results, strict=True):
         assert a.probabilities == b.probabilities and a.option_logits == b.option_logits
 
 

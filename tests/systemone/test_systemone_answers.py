@@ -7,9 +7,9 @@ import math
 
 import httpx2
 import pytest
-from conftest import result
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from s1_helpers import result
 from typesafe_sdk import ChoiceAnswer as SdkChoice
 from typesafe_sdk import NoulAnswer as SdkNoul
 from typesafe_sdk import ScoreAnswer as SdkScore

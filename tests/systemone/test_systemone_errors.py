@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from semif_adapter.body import BodyTooLarge, UnsupportedEncoding
 from semif_adapter.errors import (
@@ -200,6 +201,7 @@ def test_engine_validation_error_loc_is_translated(engine_loc, expected):
         (NotReady("loading"), 503, "not_ready", "7"),
         (EngineFailure("nan logits"), 500, "engine_error", None),
         (RuntimeError("bug"), 500, "internal_error", None),
+        (ValidationError.from_exception_data("DecisionResult", []), 500, "internal_error", None),
     ],
 )
 def test_error_shapes(exc, status, error_type, retry_after):
@@ -207,7 +209,7 @@ def test_error_shapes(exc, status, error_type, retry_after):
     assert code == status
     assert payload["detail"]["error_type"] == error_type and isinstance(payload["detail"]["message"], str)
     assert headers.get("retry-after") == retry_after
-    if isinstance(exc, RuntimeError):
+    if status == 500 and error_type == "internal_error":
         assert "bug" not in payload["detail"]["message"]  # internals stay in the log
 
 

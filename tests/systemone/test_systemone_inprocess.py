@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import NOUL, STATE, uniform_batch
 from fastapi.testclient import TestClient
+from s1_helpers import NOUL, STATE, result, uniform_batch
 
 from semif_adapter.app import create_app
 from semif_adapter.engine import DecisionEngine
@@ -58,7 +58,8 @@ def test_openapi_documents_request_and_responses(auth_client):
     post = spec["paths"]["/v1/systemone"]["post"]
     schema = post["requestBody"]["content"]["application/json"]["schema"]
     assert {"model", "state", "questions"} <= set(schema["properties"]) and "$defs" not in str(schema)
-    assert {"noul", "choice", "score"} <= set(str(schema).split("'")) or "NoulQuestion" in str(schema)
+    branches = schema["properties"]["questions"]["additionalProperties"]["oneOf"]
+    assert [b["properties"]["type"]["const"] for b in branches] == ["noul", "choice", "score", "box"]
     assert post["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "SystemOneResponse"
     )
@@ -93,8 +94,8 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_busy_is_503_with_retry_after_on_both_routes(gemma_engine):
-    engine = HeldEngine(gemma_engine.model_info)
+def test_busy_is_503_with_retry_after_on_both_routes():
+    engine = HeldEngine(result(["no", "yes"], [0.5, 0.5]).model)
     settings = Settings(max_queue=0, retry_after_s=3, warmup=False, served_model_name="held")
     app = create_app(settings, lambda: engine)
 

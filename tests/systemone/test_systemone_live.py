@@ -8,7 +8,7 @@ import re
 
 import httpx
 import zstandard
-from conftest import CHOICE, NOUL, SCORE, STATE, answers, ask, check_answer, strict_json
+from s1_helpers import CHOICE, NOUL, SCORE, STATE, answers, ask, check_answer, strict_json
 
 ALL = {"billing": NOUL, "tone": CHOICE, "urgency": SCORE}
 

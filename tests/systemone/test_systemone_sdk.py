@@ -15,7 +15,7 @@ import boto3
 import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
-from conftest import CHOICE, NOUL, SCORE, STATE, check_answer
+from s1_helpers import CHOICE, NOUL, SCORE, STATE, check_answer
 from typesafe_sdk import (
     Choice,
     Noul,

@@ -1,0 +1,50 @@
+# Two set-up commands on a fresh machine:
+#   make serve   venv + runtime install + embedded demo model, then the server on :8080
+#   make test    venv + test install + both test models, then lint and the whole suite
+#
+# llama-cpp-python compiles from source the first time (several minutes); pip caches the wheel.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
+DEMO_MODEL ?= qwen
+
+.PHONY: serve test lint install install-test models bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.runtime-installed: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[models]'
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[test]'
+	touch $@ $(VENV)/.runtime-installed
+
+install: $(VENV)/.runtime-installed
+install-test: $(VENV)/.test-installed
+
+serve: install
+	@gguf=$$($(PY) -m semif_adapter.demo_models $(DEMO_MODEL)) && \
+	  echo "serving $$gguf on :$${SEMIF_PORT:-8080}" && \
+	  SEMIF_GGUF_PATH="$${SEMIF_GGUF_PATH:-$$gguf}" exec $(PY) -m semif_adapter serve
+
+models: install-test
+	$(PY) -m semif_adapter.demo_models gemma qwen
+
+lint: install-test
+	$(PY) -m ruff check semif_adapter scripts tests benchmarks
+	$(PY) scripts/check_dockerfiles.py --hadolint
+
+test: models lint
+	$(PY) -m pytest -q
+
+bench: models
+	$(PY) benchmarks/engine_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
