@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -25,6 +28,24 @@ def _settings_or_exit() -> Settings:
         )
         print(f"semif-adapter: invalid settings: {problems}", file=sys.stderr)
         raise SystemExit(2) from exc
+
+
+def _graceful_server(config: Any) -> Any:
+    """A uvicorn server that exits 0 after a signal-initiated graceful shutdown.
+
+    uvicorn re-raises the captured SIGTERM once it has drained, so the process would die "by
+    signal" (exit 143 under Docker) although every in-flight request finished.
+    """
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                getattr(self, "_captured_signals", []).clear()
+
+    return GracefulServer(config)
 
 
 def serve(_: argparse.Namespace) -> int:
@@ -61,7 +82,7 @@ def serve(_: argparse.Namespace) -> int:
         timeout_graceful_shutdown=60,
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+    server = _graceful_server(config)
     log.info("starting", extra={"host": settings.host, "port": settings.port, "gguf": str(gguf)})
     server.run()
     return 1 if fatal else 0

@@ -27,10 +27,11 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from .calibration import Calibration, apply_temperature
+from .calibration import Calibration, apply_temperature, find_calibration
 from .errors import DecisionValidationError, EngineFailure, SemifError, TokenBudgetExceeded
 from .labels import LabelSet, build_label_set
 from .llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
+from .manifest import verify_model_file
 from .prompt import PROMPT_VERSION, Scaffold, build_scaffold, decision_text, prompt_sha256
 from .protocol import (
     BatchResult,
@@ -76,6 +77,7 @@ class DecisionEngine:
         *,
         gguf_path: Path,
         sha256: str | None = None,
+        name: str | None = None,
         calibration: Calibration | None = None,
     ) -> None:
         self.runtime = runtime
@@ -96,6 +98,7 @@ class DecisionEngine:
         self._snapshot: Any = None
         self.fork_mode = settings.fork_mode if settings.fork_mode != "auto" else self._probe_fork_mode()
         self.model_info = ModelInfo(
+            name=name or gguf_path.name.removesuffix(".gguf"),
             file=gguf_path.name,
             sha256=sha256,
             architecture=runtime.meta("general.architecture"),
@@ -115,14 +118,11 @@ class DecisionEngine:
         path = gguf_path or settings.gguf_path
         if path is None:
             raise SemifError("no GGUF path given")
-        sha256 = None
+        sha256 = name = None
         if settings.verify_manifest:
-            from .manifest import verify_model_file
-
             verified = verify_model_file(path)
-            sha256 = verified.sha256 if verified else None
-        from .calibration import find_calibration
-
+            if verified is not None:
+                sha256, name = verified.sha256, verified.manifest.name
         calibration_path = find_calibration(path.parent, settings.calibration_path)
         calibration = Calibration.load(calibration_path) if calibration_path else None
         runtime = LlamaRuntime(
@@ -133,7 +133,7 @@ class DecisionEngine:
             n_gpu_layers=settings.n_gpu_layers,
         )
         try:
-            return cls(runtime, settings, gguf_path=path, sha256=sha256, calibration=calibration)
+            return cls(runtime, settings, gguf_path=path, sha256=sha256, name=name, calibration=calibration)
         except BaseException:
             runtime.close()
             raise

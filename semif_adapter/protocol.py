@@ -53,6 +53,20 @@ class Decision(BaseModel):
             seen.add(option.id)
         return options
 
+    @model_validator(mode="after")
+    def _utf8_encodable(self) -> Decision:
+        """JSON can carry lone surrogates (``"\\ud800"``); the tokenizer needs real UTF-8 text."""
+        fields = [("state", self.state_text), ("question", self.question)]
+        for index, option in enumerate(self.options):
+            fields.append((f"options[{index}].id", option.id))
+            fields.append((f"options[{index}].description", option.description or ""))
+        for name, text in fields:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"{name} contains an unpaired surrogate at position {exc.start}") from exc
+        return self
+
     @property
     def state_text(self) -> str:
         return state_to_text(self.state)
@@ -76,6 +90,7 @@ class DecisionTiming(BaseModel):
 
 
 class ModelInfo(BaseModel):
+    name: str = Field(description="From model-manifest.json when present, else the GGUF file stem.")
     file: str
     sha256: str | None
     architecture: str | None

@@ -73,6 +73,7 @@ class DecisionService:
         self.phase = Phase.loading
         self.failure: str | None = None
         self.admission = Admission(settings.max_queue, settings.retry_after_s)
+        metrics.in_flight.set_function(lambda: self.admission.admitted)
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -141,9 +142,7 @@ class DecisionService:
         if self.settings.served_model_name:
             return self.settings.served_model_name
         info = self.model_info
-        if info is None:
-            return "semif-model"
-        return info.file.removesuffix(".gguf")
+        return info.name if info is not None else "semif-model"
 
     def _require_ready(self) -> Engine:
         if self.phase is not Phase.ready or self.engine is None:
@@ -197,8 +196,6 @@ class DecisionService:
             self.metrics.engine_errors.inc()
             await self._check_health()
             raise
-        finally:
-            self.metrics.in_flight.set(self.admission.admitted)
         self.metrics.queue_wait.observe(waited)
         self.metrics.engine_seconds.observe(engine_s)
         for batch in batches:

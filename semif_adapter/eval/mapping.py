@@ -30,46 +30,17 @@ def render_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _description(value: Any) -> str | None:
-    if value is None or value == "":
-        return None
-    return render_text(value)
+def task_to_decision(task: Task) -> dict[str, Any]:
+    """The semif ``Decision`` body for one task: exactly the decision the System One API would score."""
+    from semif_adapter.systemone.convert import decision_for_question
 
-
-def _score_levels(criteria: Any, n: int) -> list[str | None]:
-    if isinstance(criteria, list):
-        return [_description(level) for level in criteria]
-    if isinstance(criteria, dict):
-        return [_description(criteria.get(str(i))) for i in range(n)]
-    return [None] * n
+    question = task.question.model_dump(mode="json", exclude_none=True)
+    return decision_for_question(question, task.state, task.id).model_dump(mode="json")
 
 
 def task_options(task: Task) -> list[dict[str, str | None]]:
     """Declared options ``[{"id", "description"}]`` in the order the model is shown them."""
-    criteria = task.question.criteria
-    if task.type == "noul":
-        crit = criteria if isinstance(criteria, dict) else {}
-        return [
-            {"id": "no", "description": _description(crit.get("false")) or "no"},
-            {"id": "yes", "description": _description(crit.get("true")) or "yes"},
-        ]
-    if task.type == "score":
-        levels = _score_levels(criteria, len(task.labels))
-        return [{"id": str(i), "description": levels[i]} for i in range(len(task.labels))]
-    if isinstance(criteria, dict):
-        return [{"id": name, "description": _description(text)} for name, text in criteria.items()]
-    return [{"id": label, "description": None} for label in task.labels]
-
-
-def task_to_decision(task: Task) -> dict[str, Any]:
-    """The semif ``Decision`` body for one task."""
-    return {
-        "id": task.id,
-        "state": task.state,
-        "question": render_text(task.question.instructions),
-        "type": task.type,
-        "options": task_options(task),
-    }
+    return list(task_to_decision(task)["options"])
 
 
 def task_to_invocation(task: Task) -> dict[str, Any]:

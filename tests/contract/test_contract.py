@@ -93,23 +93,55 @@ def test_jsonlines_batch_transform(http: httpx.Client) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "kwargs", "status", "kind"),
     [
-        ("POST", "/invocations", {"content": b"{oops", "headers": {"Content-Type": "application/json"}}, 400,
-         "invalid_request"),
-        ("POST", "/invocations", {"json": {"decision": {**ROUTING, "options": [{"id": "only"}]}}}, 400,
-         "invalid_request"),
-        ("POST", "/invocations", {"json": {"decisions": [ROUTING, {**SEVERITY, "state": "different"}]}}, 400,
-         "invalid_request"),
-        ("POST", "/invocations", {"json": {"decision": {**ROUTING, "state": "token " * 60000}}}, 413,
-         "token_budget_exceeded"),
-        ("POST", "/invocations", {"content": b"x" * (6 * 1024 * 1024 + 10),
-                                  "headers": {"Content-Type": "application/json"}}, 413, "payload_too_large"),
-        ("POST", "/invocations", {"content": b"a,b", "headers": {"Content-Type": "text/csv"}}, 415,
-         "unsupported_media_type"),
+        (
+            "POST",
+            "/invocations",
+            {"content": b"{oops", "headers": {"Content-Type": "application/json"}},
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/invocations",
+            {"json": {"decision": {**ROUTING, "options": [{"id": "only"}]}}},
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/invocations",
+            {"json": {"decisions": [ROUTING, {**SEVERITY, "state": "different"}]}},
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/invocations",
+            {"json": {"decision": {**ROUTING, "state": "token " * 60000}}},
+            413,
+            "token_budget_exceeded",
+        ),
+        (
+            "POST",
+            "/invocations",
+            {"content": b"x" * (6 * 1024 * 1024 + 10), "headers": {"Content-Type": "application/json"}},
+            413,
+            "payload_too_large",
+        ),
+        (
+            "POST",
+            "/invocations",
+            {"content": b"a,b", "headers": {"Content-Type": "text/csv"}},
+            415,
+            "unsupported_media_type",
+        ),
         ("GET", "/no-such-route", {}, 404, "not_found"),
         ("DELETE", "/invocations", {}, 405, "method_not_allowed"),
     ],
 )
-def test_error_statuses(http: httpx.Client, method: str, path: str, kwargs: dict, status: int, kind: str) -> None:
+def test_error_statuses(
+    http: httpx.Client, method: str, path: str, kwargs: dict, status: int, kind: str
+) -> None:
     response = http.request(method, path, **kwargs)
     assert response.status_code == status, response.text
     body = response.json()
@@ -152,7 +184,9 @@ def test_ping_answers_while_the_engine_is_busy(http: httpx.Client, live_server: 
 
     def slow() -> int:
         with httpx.Client(base_url=live_server.url, timeout=120) as client:
-            status = client.post("/invocations", json={"decision": {**ROUTING, "state": long_state}}).status_code
+            status = client.post(
+                "/invocations", json={"decision": {**ROUTING, "state": long_state}}
+            ).status_code
         finished.set()
         return status
 

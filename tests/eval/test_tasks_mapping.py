@@ -67,8 +67,9 @@ def test_noul_and_score_options() -> None:
             expected=True,
         )
     )
+    # the same mapping the System One API serves: the missing side is the complement
     assert task_to_decision(noul)["options"] == [
-        {"id": "no", "description": "no"},
+        {"id": "no", "description": "Anything other than: do it"},
         {"id": "yes", "description": "do it"},
     ]
     assert noul.expected_index == 1

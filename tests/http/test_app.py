@@ -223,6 +223,7 @@ class FakeEngine:
         self.fail_probe = fail_probe
         self.calls = 0
         self.model_info = ModelInfo(
+            name="fake",
             file="fake.gguf",
             sha256=None,
             architecture="fake",

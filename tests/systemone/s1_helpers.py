@@ -112,6 +112,7 @@ def result(option_ids, probabilities, logits=None, mass=0.9, decision_id="q0") -
             prefix_reused=False,
         ),
         model=ModelInfo(
+            name="m",
             file="m.gguf",
             sha256=None,
             architecture="gemma3",

@@ -1,0 +1,159 @@
+"""The server as a process: start-up failures exit non-zero with one clear line; SIGTERM is graceful."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from support import LiveServer, make_model_dir
+
+from semif_adapter.demo_models import MODELS
+
+GEMMA = MODELS["gemma"]
+
+
+def _exit_code(server: LiveServer, timeout: float = 120) -> int:
+    assert server.process is not None
+    try:
+        return server.process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        raise AssertionError(f"server did not exit:\n{server.log_text()}") from None
+
+
+def _error_lines(server: LiveServer) -> list[dict]:
+    lines = []
+    for line in server.log_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if entry.get("level") == "error":
+            lines.append(entry)
+    return lines
+
+
+def _manifest(**overrides: object) -> bytes:
+    manifest = {
+        "schema_version": 1,
+        "name": "gemma-test",
+        "source_repo": "example/gemma-3-270m",
+        "revision": "0" * 40,
+        "file": GEMMA.filename,
+        "bytes": GEMMA.size,
+        "sha256": GEMMA.sha256,
+        "license": "gemma",
+        "prompt_version": "semif-decision-v1",
+    }
+    manifest.update(overrides)
+    return json.dumps(manifest).encode()
+
+
+def test_empty_model_dir_stops_start_up(tmp_path: Path, server_factory) -> None:
+    (tmp_path / "model").mkdir()
+    server = server_factory(tmp_path / "model", wait_ready=False)
+    assert _exit_code(server) != 0
+    errors = _error_lines(server)
+    assert len(errors) == 1 and "no *.gguf file under" in errors[0]["msg"]
+
+
+def test_several_ggufs_are_named(tmp_path: Path, server_factory, gemma_gguf: Path) -> None:
+    model_dir = tmp_path / "model"
+    (model_dir / "sub").mkdir(parents=True)
+    (model_dir / "a.gguf").symlink_to(gemma_gguf)
+    (model_dir / "sub" / "b.gguf").symlink_to(gemma_gguf)
+    server = server_factory(model_dir, wait_ready=False)
+    assert _exit_code(server) != 0
+    (error,) = _error_lines(server)
+    assert "found 2 GGUF files" in error["msg"] and "a.gguf" in error["msg"] and "sub/b.gguf" in error["msg"]
+
+
+def test_invalid_setting_stops_start_up_naming_the_variable(tmp_path: Path, server_factory) -> None:
+    server = server_factory(tmp_path, {"SEMIF_N_CTX": "lots"}, wait_ready=False)
+    assert _exit_code(server) == 2
+    assert "SEMIF_N_CTX" in server.log_text()
+
+
+def test_gpu_offload_on_a_cpu_build_is_refused(tmp_path: Path, server_factory, gemma_gguf: Path) -> None:
+    server = server_factory(
+        None, {"SEMIF_GGUF_PATH": str(gemma_gguf), "SEMIF_N_GPU_LAYERS": "-1"}, wait_ready=False
+    )
+    assert _exit_code(server) != 0
+    (error,) = _error_lines(server)
+    assert "GPU offload requested" in error["msg"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [({"sha256": "f" * 64}, "sha256"), ({"bytes": GEMMA.size + 1}, "bytes")],
+    ids=["sha-mismatch", "size-mismatch"],
+)
+def test_manifest_mismatch_refuses_to_start(
+    tmp_path: Path, server_factory, gemma_gguf: Path, overrides: dict, needle: str
+) -> None:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / GEMMA.filename).symlink_to(gemma_gguf)
+    (model_dir / "model-manifest.json").write_bytes(_manifest(**overrides))
+    server = server_factory(model_dir, wait_ready=False)
+    assert _exit_code(server) != 0
+    (error,) = _error_lines(server)
+    assert needle in error["msg"] and "model load failed" in error["msg"]
+
+
+def test_matching_manifest_is_verified_and_reported(tmp_path: Path, server_factory, gemma_gguf: Path) -> None:
+    model_dir = make_model_dir(tmp_path, gemma_gguf, {"model-manifest.json": _manifest()})
+    server = server_factory(model_dir)
+    decision = {
+        "id": "d",
+        "state": "s",
+        "question": "q?",
+        "options": [{"id": "a"}, {"id": "b"}],
+    }
+    body = httpx.post(server.url + "/invocations", json={"decision": decision}, timeout=60).json()
+    assert body["result"]["model"]["sha256"] == GEMMA.sha256
+    assert body["result"]["model"]["name"] == "gemma-test"
+    server.stop()
+
+
+def test_sigterm_finishes_the_running_request_then_exits_cleanly(
+    tmp_path: Path, server_factory, gemma_gguf: Path
+) -> None:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / GEMMA.filename).symlink_to(gemma_gguf)
+    server = server_factory(model_dir)
+    state = " ".join(f"Event {i}: the queue depth grew again." for i in range(250))
+    decision = {
+        "id": "long",
+        "state": state,
+        "question": "Is it growing?",
+        "options": [{"id": "y"}, {"id": "n"}],
+    }
+    outcome: dict[str, int] = {}
+
+    def call() -> None:
+        with httpx.Client(timeout=120) as client:
+            outcome["status"] = client.post(
+                server.url + "/invocations", json={"decision": decision}
+            ).status_code
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while "semif_engine_admitted 1.0" not in httpx.get(server.url + "/metrics").text:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert server.process is not None
+    server.process.send_signal(signal.SIGTERM)
+    worker.join(120)
+    assert outcome.get("status") == 200
+    assert server.process.wait(60) == 0
+    with pytest.raises(httpx.TransportError):
+        httpx.get(server.url + "/ping", timeout=2)
