@@ -5,6 +5,8 @@
 (b) sharing: 8 decisions over one ≈1,500-token state sent as 8 separate calls ÷ one shared call
     (both cold, i.e. the state is prefilled per call as a server without sharing would) — goal ≥ 5×.
     A third row shows 8 separate calls that hit the kept prefix (the engine's cross-request reuse).
+(c) split sensitivity: the largest change of any option probability when a decision's prompt is
+    decoded as one token stream instead of the engine's prefix-then-suffix split — why the split is fixed.
 
     python benchmarks/engine_overhead.py [--models qwen gemma] [--repeats 5] [--threads N]
 """
@@ -70,6 +72,19 @@ def raw_decode_seconds(engine: DecisionEngine, prefix: list[int], suffix: list[i
     return time.perf_counter() - t0
 
 
+def one_stream_probabilities(engine: DecisionEngine, decision: dict) -> list[float]:
+    """The same prompt decoded as one stream (chunked from position 0), not prefix-then-suffix."""
+    import numpy as np
+
+    prefix, suffixes = engine.prompt_tokens([decision])
+    engine.reset_prefix_cache()
+    engine.runtime.decode(prefix + suffixes[0], 0, PREFIX_SEQ, want_logits=True)
+    logits = engine.runtime.last_logits()[engine.label_token_ids(len(decision["options"]))].astype(np.float64)
+    engine.reset_prefix_cache()
+    exp = np.exp(logits - logits.max())
+    return list(exp / exp.sum())
+
+
 def engine_seconds(engine: DecisionEngine, decisions: list[dict], *, cold: bool) -> float:
     if cold:
         engine.reset_prefix_cache()
@@ -96,6 +111,12 @@ def bench_model(key: str, repeats: int, threads: int, state_tokens: int) -> dict
         shared.append(engine_seconds(engine, decisions, cold=True))
         engine_seconds(engine, decisions[:1], cold=True)
         separate_warm.append(sum(engine_seconds(engine, [d], cold=False) for d in decisions))
+    split_shift = 0.0
+    for d in decisions:
+        engine.reset_prefix_cache()
+        split = engine.score([d]).results[0].probabilities
+        stream = one_stream_probabilities(engine, d)
+        split_shift = max(split_shift, max(abs(a - b) for a, b in zip(split, stream, strict=True)))
     engine.close()
     med = statistics.median
     return {
@@ -110,6 +131,7 @@ def bench_model(key: str, repeats: int, threads: int, state_tokens: int) -> dict
         "sharing_speedup": med(separate_cold) / med(shared),
         "separate_warm_s": med(separate_warm),
         "warm_speedup": med(separate_cold) / med(separate_warm),
+        "split_max_abs_diff": split_shift,
     }
 
 
@@ -139,6 +161,11 @@ def main() -> None:
             f"| {r['model']} | {r['separate_cold_s']:.3f} | {r['shared_s']:.3f} | {r['sharing_speedup']:.2f}× | "
             f"{r['separate_warm_s']:.3f} | {r['warm_speedup']:.2f}× |"
         )
+    print()
+    print("| model | (c) max |Δp|, one stream vs prefix-then-suffix |")
+    print("|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['split_max_abs_diff']:.2e} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
 
