@@ -136,7 +136,9 @@ def bench_model(key: str, repeats: int, threads: int, state_tokens: int) -> dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", nargs="+", default=["qwen", "gemma"], choices=sorted(MODELS))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=available_cores())
@@ -144,7 +146,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     rows = [bench_model(key, args.repeats, args.threads, args.state_tokens) for key in args.models]
-    print(f"machine: {platform.machine()}, {args.threads} threads; medians of {args.repeats} interleaved runs")
+    print(
+        f"machine: {platform.machine()}, {args.threads} threads; medians of {args.repeats} interleaved runs"
+    )
     print("| model | prefix+suffix tokens | engine s | raw decode s | (a) engine÷raw (goal ≤ 1.05) |")
     print("|---|---|---|---|---|")
     for r in rows:
@@ -153,13 +157,15 @@ def main() -> None:
             f"{r['raw_decode_s']:.3f} | {r['overhead_ratio']:.3f} |"
         )
     print()
-    print("| model | 8 separate calls s | 1 shared call s | (b) separate÷shared (goal ≥ 5) "
-          "| 8 separate, prefix kept s | separate cold÷kept |")
+    print(
+        "| model | 8 separate calls s | 1 shared call s | (b) separate÷shared (goal ≥ 5) "
+        "| 8 separate, prefix kept s | separate cold÷kept |"
+    )
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(
-            f"| {r['model']} | {r['separate_cold_s']:.3f} | {r['shared_s']:.3f} | {r['sharing_speedup']:.2f}× | "
-            f"{r['separate_warm_s']:.3f} | {r['warm_speedup']:.2f}× |"
+            f"| {r['model']} | {r['separate_cold_s']:.3f} | {r['shared_s']:.3f} | "
+            f"{r['sharing_speedup']:.2f}× | {r['separate_warm_s']:.3f} | {r['warm_speedup']:.2f}× |"
         )
     print()
     print("| model | (c) max |Δp|, one stream vs prefix-then-suffix |")

@@ -89,6 +89,12 @@ def error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
+def describe(exc: ClientError) -> str:
+    """``Code: message``, preferring the container's own message that InvokeEndpoint passes through."""
+    detail = exc.response.get("OriginalMessage") or exc.response.get("Error", {}).get("Message", "")
+    return f"{error_code(exc)}: {detail}"
+
+
 def http_status(exc: ClientError) -> int:
     return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
 

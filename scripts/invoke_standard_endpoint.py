@@ -52,8 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cap_s=args.max_delay,
         )
     except ClientError as exc:
-        detail = exc.response.get("OriginalMessage") or exc.response.get("Error", {}).get("Message", "")
-        return _aws.fail(f"{_aws.error_code(exc)}: {detail}")
+        return _aws.fail(_aws.describe(exc))
     try:
         answer = json.loads(response["Body"])
         text = answer["choices"][0]["message"]["content"]

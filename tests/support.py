@@ -15,10 +15,31 @@ from pathlib import Path
 
 import httpx
 
+from semif_adapter.protocol import ModelInfo
 from semif_adapter.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENGINE_N_CTX = 4096
+
+
+def fake_model_info(**overrides: object) -> ModelInfo:
+    """Model metadata for stand-in engines (used only where a state cannot be caused for real)."""
+    values: dict[str, object] = {
+        "name": "fake",
+        "file": "fake.gguf",
+        "sha256": None,
+        "architecture": "fake",
+        "n_ctx": 512,
+        "n_threads": 1,
+        "n_batch": 32,
+        "n_gpu_layers": 0,
+        "gpu_offload": False,
+        "chat_template": False,
+        "llama_cpp_python_version": "0",
+        "fork_mode": "copy",
+    }
+    values.update(overrides)
+    return ModelInfo.model_validate(values)
 
 
 def engine_settings(**overrides: object) -> Settings:

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from support import engine_settings
+from support import engine_settings, fake_model_info
 
 from semif_adapter.app import create_app
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.errors import EngineFailure, ModelLoadError
-from semif_adapter.protocol import BatchResult, Decision, ModelInfo
+from semif_adapter.protocol import BatchResult, Decision
 
 DECISION = {
     "id": "route",
@@ -222,20 +222,7 @@ class FakeEngine:
         self.fail_with = fail_with
         self.fail_probe = fail_probe
         self.calls = 0
-        self.model_info = ModelInfo(
-            name="fake",
-            file="fake.gguf",
-            sha256=None,
-            architecture="fake",
-            n_ctx=512,
-            n_threads=1,
-            n_batch=32,
-            n_gpu_layers=0,
-            gpu_offload=False,
-            chat_template=False,
-            llama_cpp_python_version="0",
-            fork_mode="copy",
-        )
+        self.model_info = fake_model_info()
         self.max_options = 255
 
     def score(self, decisions: Sequence[Decision]) -> BatchResult:

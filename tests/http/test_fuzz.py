@@ -22,7 +22,9 @@ json_values = st.recursive(
     ),
     max_leaves=12,
 )
-surrogates = st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3)
+surrogates = st.text(
+    alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3
+)
 texts = st.one_of(
     st.text(max_size=40), surrogates, st.sampled_from(["", " ", "<|im_start|>", "<bos>", "\x00", "é😀"])
 )

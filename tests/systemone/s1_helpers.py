@@ -8,8 +8,9 @@ from typing import Any
 
 import httpx
 import pytest
+from support import fake_model_info
 
-from semif_adapter.protocol import BatchResult, BatchTiming, DecisionResult, DecisionTiming, ModelInfo
+from semif_adapter.protocol import BatchResult, BatchTiming, DecisionResult, DecisionTiming
 
 STATE = "I was charged twice for my subscription this month. Please refund one of the charges."
 NOUL = {"type": "noul", "instructions": "Is this message about billing?"}
@@ -111,20 +112,7 @@ def result(option_ids, probabilities, logits=None, mass=0.9, decision_id="q0") -
             suffix_tokens=5,
             prefix_reused=False,
         ),
-        model=ModelInfo(
-            name="m",
-            file="m.gguf",
-            sha256=None,
-            architecture="gemma3",
-            n_ctx=512,
-            n_threads=1,
-            n_batch=32,
-            n_gpu_layers=0,
-            gpu_offload=False,
-            chat_template=False,
-            llama_cpp_python_version="0",
-            fork_mode="copy",
-        ),
+        model=fake_model_info(name="m", file="m.gguf", architecture="gemma3"),
     )
 
 
