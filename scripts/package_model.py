@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import sys
 import tarfile
@@ -28,6 +27,7 @@ except ModuleNotFoundError:  # run as a file: python scripts/package_model.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from scripts import _aws
 
+from semif_adapter.calibration import Calibration
 from semif_adapter.errors import ModelLoadError
 from semif_adapter.manifest import MANIFEST_NAME, ModelManifest, load_manifest
 
@@ -98,11 +98,8 @@ def build_archive(
         )
     calibration_bytes = None
     if calibration is not None:
+        Calibration.load(calibration)  # the server's own check: a bad file must not reach an endpoint
         calibration_bytes = calibration.read_bytes()
-        try:
-            json.loads(calibration_bytes)
-        except json.JSONDecodeError as exc:
-            raise _aws.UsageError(f"{calibration} is not valid JSON: {exc}") from None
 
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".partial")

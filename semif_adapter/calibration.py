@@ -49,9 +49,14 @@ def calibration_key(question_type: str, n_options: int | None = None) -> str:
 
 
 class CalibrationFile(BaseModel):
-    """On-disk form of ``calibration.json`` (see the module docstring)."""
+    """On-disk form of ``calibration.json`` (see the module docstring).
 
-    model_config = ConfigDict(extra="ignore")
+    Unknown top-level fields are refused: a hand-written ``{"temperature": 1.3}`` would otherwise load
+    as "no temperatures" and the server would silently serve raw probabilities. New fields come with a
+    new ``version``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     version: Literal[1] = CALIBRATION_VERSION
     method: Literal["temperature"] = "temperature"

@@ -123,11 +123,13 @@ def fit_key(
 ) -> dict[str, Any]:
     """Fit one key and apply the held-out gate; the result says whether and why it was accepted."""
     report: dict[str, Any] = {"n_fit": len(fit), "n_held_out": len(held)}
-    if len(fit) < min_fit or len(held) < min_held_out:
-        report.update(
-            accepted=False,
-            reason=f"too few samples (fit {len(fit)} < {min_fit} or held-out {len(held)} < {min_held_out})",
-        )
+    shortfalls = [
+        f"{split} {n} < {minimum}"
+        for split, n, minimum in (("fit", len(fit), min_fit), ("held-out", len(held), min_held_out))
+        if n < minimum
+    ]
+    if shortfalls:
+        report.update(accepted=False, reason=f"too few samples ({', '.join(shortfalls)})")
         return report
     t = fit_temperature(fit)
     before, after = evaluate(held, 1.0), evaluate(held, t)

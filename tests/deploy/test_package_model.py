@@ -13,6 +13,8 @@ from deploy_helpers import GEMMA_BYTES, write_manifest
 
 from scripts import package_model
 
+CALIBRATION = {"version": 1, "method": "temperature", "temperatures": {"choice": 1.3}}
+
 
 @pytest.fixture
 def staged(tmp_path: Path, gemma_gguf: Path) -> tuple[Path, Path]:
@@ -34,7 +36,7 @@ def test_packages_gguf_manifest_and_calibration_then_uploads(
     staged: tuple[Path, Path], tmp_path: Path, moto_aws: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     gguf, manifest = staged
-    (gguf.parent / "calibration.json").write_text(json.dumps({"temperature": 1.3}))
+    (gguf.parent / "calibration.json").write_text(json.dumps(CALIBRATION))
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="models")
     output = tmp_path / "out" / "model.tar.gz"
@@ -58,7 +60,7 @@ def test_packages_gguf_manifest_and_calibration_then_uploads(
         assert set(members) == {gguf.name, "model-manifest.json", "calibration.json"}
         assert members[gguf.name].size == GEMMA_BYTES
         assert tar.extractfile("model-manifest.json").read() == manifest.read_bytes()  # type: ignore[union-attr]
-        assert json.loads(tar.extractfile("calibration.json").read()) == {"temperature": 1.3}  # type: ignore[union-attr]
+        assert json.loads(tar.extractfile("calibration.json").read()) == CALIBRATION  # type: ignore[union-attr]
     head = s3.head_object(Bucket="models", Key="semif/gemma/model.tar.gz")
     assert head["ContentLength"] == output.stat().st_size
     assert "uploaded s3://models/semif/gemma/model.tar.gz" in capsys.readouterr().out
@@ -156,3 +158,25 @@ def test_bad_upload_uri_is_refused_first(
     assert rc != 0
     assert "model.tar.gz" in one_error_line(capsys)
     assert not (tmp_path / "m.tar.gz").exists()
+
+
+def test_invalid_calibration_is_refused_before_packaging(
+    staged: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gguf, manifest = staged
+    bad = tmp_path / "calibration.json"
+    bad.write_text(json.dumps({"temperature": 1.3}))  # not the calibration.json schema
+    output = tmp_path / "out" / "model.tar.gz"
+    args = [
+        "--gguf",
+        str(gguf),
+        "--manifest",
+        str(manifest),
+        "--output",
+        str(output),
+        "--calibration",
+        str(bad),
+    ]
+    assert package_model.main(args) != 0
+    assert "calibration.json" in one_error_line(capsys)
+    assert not output.exists()

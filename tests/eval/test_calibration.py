@@ -48,6 +48,7 @@ def test_load_and_most_specific_key_wins(tmp_path: Path) -> None:
         ({"version": 1, "temperatures": {"choice/1": 1.0}}, "at least 2 options"),
         ('{"version": 1, "temperatures": {"noul": NaN}}', "finite number > 0"),
         ({"version": 1, "method": "platt", "temperatures": {}}, "method"),
+        ({"version": 1, "temperature": 1.3}, "temperature: Extra inputs are not permitted"),
     ],
 )
 def test_malformed_files_raise_model_load_error(tmp_path: Path, content: object, fragment: str) -> None:

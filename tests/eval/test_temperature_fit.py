@@ -83,6 +83,20 @@ def test_per_option_count_keys_and_small_groups_are_skipped() -> None:
     assert "choice/3" in result.temperatures
 
 
+@pytest.mark.parametrize(
+    ("n_fit", "n_held", "reason"),
+    [
+        (14, 4, "too few samples (held-out 4 < 5)"),
+        (6, 9, "too few samples (fit 6 < 10)"),
+        (6, 2, "too few samples (fit 6 < 10, held-out 2 < 5)"),
+    ],
+)
+def test_too_few_samples_names_only_the_short_split(n_fit: int, n_held: int, reason: str) -> None:
+    samples = synthetic(n_fit + n_held, 1.0, seed=3)
+    result = cal.fit_key(samples[:n_fit], samples[n_fit:], min_fit=10, min_held_out=5)
+    assert result == {"n_fit": n_fit, "n_held_out": n_held, "accepted": False, "reason": reason}
+
+
 def test_split_is_deterministic_and_order_free() -> None:
     ids = [f"t{i}" for i in range(100)]
     a = cal.split_ids(ids, 0.3, seed=9)
