@@ -126,6 +126,22 @@ def _init_backend(llama_cpp: Any, verbose: bool) -> None:
         _initialised = True
 
 
+def _check_struct_layout(cparams: Any) -> None:
+    """Symbols can all exist while a struct changed shape under the binding; defaults expose that."""
+    plausible = (
+        cparams.n_seq_max == 1
+        and 0 < cparams.n_batch <= 1 << 20
+        and 0 < cparams.n_ubatch <= cparams.n_batch
+        and cparams.n_ctx <= 1 << 24
+    )
+    if not plausible:
+        raise ModelLoadError(
+            "llama_context_default_params() returned implausible values (n_seq_max="
+            f"{cparams.n_seq_max}, n_batch={cparams.n_batch}, n_ubatch={cparams.n_ubatch}): the loaded "
+            "libllama does not match llama-cpp-python's struct layout (binding/library ABI drift)"
+        )
+
+
 class LlamaRuntime:
     """One model and one two-sequence context: sequence 0 holds the prefix, 1 a decision branch."""
 
@@ -158,6 +174,7 @@ class LlamaRuntime:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
 
         cparams = llama_cpp.llama_context_default_params()
+        _check_struct_layout(cparams)
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch  # one decode call = one compute graph: a fixed, known split

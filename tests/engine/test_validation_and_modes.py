@@ -135,3 +135,13 @@ def test_missing_llama_symbols_are_named(monkeypatch) -> None:
 def test_missing_gguf_is_a_load_error(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="not found"):
         DecisionEngine.load(engine_settings(), tmp_path / "absent.gguf")
+
+
+def test_struct_layout_drift_is_detected() -> None:
+    import llama_cpp
+
+    params = llama_cpp.llama_context_default_params()
+    llama_backend._check_struct_layout(params)  # the real library passes
+    params.n_seq_max = 0x7FFF0000  # what a shifted field looks like through a stale binding
+    with pytest.raises(ModelLoadError, match="ABI drift"):
+        llama_backend._check_struct_layout(params)
