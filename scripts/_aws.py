@@ -248,3 +248,19 @@ def run_codebuild(
         poll, timeout_s=timeout_s, interval_s=interval_s, describe=f"CodeBuild {build_id}", sleep=sleep
     )
     return record
+
+
+def codebuild_base_statements(source_bucket: str) -> list[dict[str, Any]]:
+    """What every CodeBuild role here needs: write its logs and read its zipped source from S3."""
+    return [
+        {
+            "Effect": "Allow",
+            "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
+            "Resource": "*",
+        },
+        {
+            "Effect": "Allow",
+            "Action": ["s3:GetObject", "s3:GetObjectVersion"],
+            "Resource": f"arn:aws:s3:::{source_bucket}/*",
+        },
+    ]

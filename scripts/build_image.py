@@ -112,16 +112,7 @@ def role_policy(bucket: str, repository_arn: str) -> dict[str, Any]:
     return {
         "Version": "2012-10-17",
         "Statement": [
-            {
-                "Effect": "Allow",
-                "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                "Resource": "*",
-            },
-            {
-                "Effect": "Allow",
-                "Action": ["s3:GetObject", "s3:GetObjectVersion"],
-                "Resource": f"arn:aws:s3:::{bucket}/*",
-            },
+            *_aws.codebuild_base_statements(bucket),
             {"Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
             {
                 "Effect": "Allow",

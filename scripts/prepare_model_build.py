@@ -82,16 +82,7 @@ def role_policy(source_bucket: str, output_bucket: str, output_key: str) -> dict
     return {
         "Version": "2012-10-17",
         "Statement": [
-            {
-                "Effect": "Allow",
-                "Action": ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                "Resource": "*",
-            },
-            {
-                "Effect": "Allow",
-                "Action": ["s3:GetObject", "s3:GetObjectVersion"],
-                "Resource": f"arn:aws:s3:::{source_bucket}/*",
-            },
+            *_aws.codebuild_base_statements(source_bucket),
             {
                 "Effect": "Allow",
                 "Action": ["s3:PutObject"],
