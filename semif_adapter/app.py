@@ -38,7 +38,8 @@ from .settings import Settings
 
 log = logging.getLogger("semif_adapter.http")
 
-JSON_TYPES = {"application/json", "text/json"}
+# No Content-Type, or the generic octet-stream an InvokeEndpoint caller may leave, is read as JSON.
+JSON_TYPES = {"application/json", "text/json", "application/octet-stream", ""}
 JSONLINES_TYPES = {
     "application/jsonlines",
     "application/x-jsonlines",

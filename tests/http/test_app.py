@@ -167,6 +167,9 @@ def test_body_limits_and_encodings(client: TestClient) -> None:
         "/invocations", content=raw, headers={"Content-Type": "application/json", "Content-Encoding": "br"}
     )
     assert response.status_code == 415
+    for generic in ("application/octet-stream", ""):
+        response = client.post("/invocations", content=raw, headers={"Content-Type": generic})
+        assert response.status_code == 200, (generic, response.text)
     response = client.post("/invocations", content=raw, headers={"Content-Type": "text/csv"})
     assert response.status_code == 415 and response.json()["type"] == "unsupported_media_type"
 
