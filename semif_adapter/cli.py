@@ -101,7 +101,12 @@ def score(args: argparse.Namespace) -> int:
         request = InvocationRequest.model_validate_json(text)
         engine = DecisionEngine.load(settings, discover_gguf(settings))
         batch = engine.score(request.all_decisions)
-    except (SemifError, ValidationError) as exc:
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        print(f"semif-adapter: {where}: {first['msg']}", file=sys.stderr)
+        return 1
+    except SemifError as exc:
         print(f"semif-adapter: {exc}", file=sys.stderr)
         return 1
     if request.decision is not None:
