@@ -32,7 +32,7 @@ from .errors import DecisionValidationError, EngineFailure, SemifError, TokenBud
 from .labels import LabelSet, build_label_set
 from .llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
 from .manifest import verify_model_file
-from .prompt import PROMPT_VERSION, Scaffold, build_scaffold, decision_text, prompt_sha256
+from .prompt import PROMPT_VERSION, PromptHasher, Scaffold, build_scaffold, decision_text
 from .protocol import (
     BatchResult,
     BatchTiming,
@@ -308,6 +308,7 @@ class DecisionEngine:
         t0 = time.perf_counter()
         reused = self._prefill(prefix_tokens)
         prefill_seconds = 0.0 if reused else time.perf_counter() - t0
+        hasher = PromptHasher(prefix_tokens)
         results: list[DecisionResult] = []
         suffix_total = 0.0
         input_tokens = n_prefix
@@ -331,7 +332,7 @@ class DecisionEngine:
                     argmax_token=self.runtime.piece(argmax_token),
                     argmax_is_option=argmax_token in plan.label_ids,
                     labels=plan.labels,
-                    prompt_sha256=prompt_sha256(prefix_tokens, plan.suffix_tokens),
+                    prompt_sha256=hasher.hexdigest(plan.suffix_tokens),
                     prompt_version=PROMPT_VERSION,
                     calibration=applied,
                     timing=DecisionTiming(

@@ -19,7 +19,7 @@ only the template's own scaffolding is tokenized with special tokens enabled.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -142,14 +142,16 @@ def decision_text(
     return DecisionText(prefix_user=f"State:\n{state_text}", suffix_user=suffix)
 
 
-TokenizeFn = Callable[[str, bool], list[int]]
+class PromptHasher:
+    """sha256 of the exact token ids a decision saw; the shared prefix is hashed once per request."""
 
+    def __init__(self, prefix_tokens: Sequence[int]) -> None:
+        self._prefix = hashlib.sha256(PROMPT_VERSION.encode())
+        self._prefix.update(b"\x00")
+        self._prefix.update(",".join(map(str, prefix_tokens)).encode())
 
-def prompt_sha256(prefix_tokens: Sequence[int], suffix_tokens: Sequence[int]) -> str:
-    """Hash of the exact token ids the model saw, so two runs can be compared byte for byte."""
-    digest = hashlib.sha256(PROMPT_VERSION.encode())
-    digest.update(b"\x00")
-    digest.update(",".join(map(str, prefix_tokens)).encode())
-    digest.update(b"|")
-    digest.update(",".join(map(str, suffix_tokens)).encode())
-    return digest.hexdigest()
+    def hexdigest(self, suffix_tokens: Sequence[int]) -> str:
+        digest = self._prefix.copy()
+        digest.update(b"|")
+        digest.update(",".join(map(str, suffix_tokens)).encode())
+        return digest.hexdigest()
