@@ -69,6 +69,19 @@ def run_task(
     retries = 0
     retry_wait = 0.0
     attempt = 0
+
+    def failed(status: int | None, error: str) -> TaskRow:
+        return make_row(
+            task,
+            None,
+            latency_s=None,
+            retry_wait_s=retry_wait,
+            retries_503=retries,
+            attempts=attempt,
+            status=status,
+            error=error,
+        )
+
     while True:
         attempt += 1
         started = clock()
@@ -78,31 +91,13 @@ def run_task(
             retry_wait += clock() - started
             retries += 1
             if attempt >= policy.max_attempts:
-                return make_row(
-                    task,
-                    None,
-                    latency_s=None,
-                    retry_wait_s=retry_wait,
-                    retries_503=retries,
-                    attempts=attempt,
-                    status=exc.status,
-                    error=f"still 503 after {attempt} attempts: {exc}",
-                )
+                return failed(exc.status, f"still 503 after {attempt} attempts: {exc}")
             pause = jitter.delay(policy, retries - 1, exc.retry_after_s)
             sleep(pause)
             retry_wait += pause
             continue
         except TargetError as exc:
-            return make_row(
-                task,
-                None,
-                latency_s=None,
-                retry_wait_s=retry_wait,
-                retries_503=retries,
-                attempts=attempt,
-                status=exc.status,
-                error=str(exc),
-            )
+            return failed(exc.status, str(exc))
         latency = clock() - started
         break
     common: dict[str, Any] = {
