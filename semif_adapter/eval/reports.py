@@ -116,7 +116,7 @@ def _valid(run: RunResult) -> tuple[list[float], list[bool]]:
     return [r.confidence or 0.0 for r in rows], [r.correct for r in rows]
 
 
-def _draw_reliability(ax: Axes, runs: Sequence[RunResult], bars: bool) -> None:
+def _draw_reliability(ax: Axes, runs: Sequence[RunResult], bars: bool, *, legend: bool = True) -> None:
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=1, label="perfect calibration")
     for run in runs:
         conf, correct = _valid(run)
@@ -145,10 +145,11 @@ def _draw_reliability(ax: Axes, runs: Sequence[RunResult], bars: bool) -> None:
     ax.set_xlabel("top-1 confidence")
     ax.set_ylabel("accuracy")
     ax.set_title("Reliability (10 equal-width bins)")
-    ax.legend(loc="upper left", fontsize="small")
+    if legend:
+        ax.legend(loc="upper left", fontsize="small")
 
 
-def _draw_latency_cdf(ax: Axes, runs: Sequence[RunResult]) -> None:
+def _draw_latency_cdf(ax: Axes, runs: Sequence[RunResult], *, legend: bool = True) -> None:
     spans = []
     for run in runs:
         lat = np.sort([r.latency_s for r in run.rows if r.valid and r.latency_s is not None])
@@ -162,7 +163,7 @@ def _draw_latency_cdf(ax: Axes, runs: Sequence[RunResult]) -> None:
     ax.set_xlabel("client latency (s)")
     ax.set_ylabel("share of decisions")
     ax.set_title("Latency CDF")
-    if spans:
+    if spans and legend:
         ax.legend(loc="lower right", fontsize="small")
 
 
@@ -205,11 +206,13 @@ def write_comparison(runs: Sequence[RunResult], out_dir: Path, stem: str = "comp
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / f"{stem}.md"
     md.write_text(markdown(runs, title="Benchmark comparison"), encoding="utf-8")
-    fig = Figure(figsize=(11, 4.5), dpi=100)
+    # long run names: one legend under both panels instead of two legends over the data
+    fig = Figure(figsize=(11, 4.5 + 0.25 * len(runs)), dpi=100, layout="constrained")
     left, right = fig.subplots(1, 2)
-    _draw_reliability(left, runs, bars=False)
-    _draw_latency_cdf(right, runs)
-    fig.tight_layout()
+    _draw_reliability(left, runs, bars=False, legend=False)
+    _draw_latency_cdf(right, runs, legend=False)
+    handles, labels = left.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", fontsize="small")
     png = out_dir / f"{stem}.png"
     fig.savefig(png, format="png")
     return {"markdown": md, "figure": png}
