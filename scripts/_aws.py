@@ -77,14 +77,6 @@ def parse_model_data(uri: str) -> tuple[str, str]:
     return match["bucket"], match["key"]
 
 
-def parse_s3_uri(uri: str) -> tuple[str, str]:
-    """``s3://bucket[/prefix]`` -> (bucket, prefix without trailing slash)."""
-    match = S3_URI.fullmatch(uri)
-    if not match:
-        raise UsageError(f"{uri!r} is not an s3://<bucket>[/<prefix>] URI")
-    return match["bucket"], (match["key"] or "").strip("/")
-
-
 def error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
@@ -105,10 +97,6 @@ def is_not_found(exc: ClientError) -> bool:
     return error_code(exc) in {"ResourceNotFound", "ResourceNotFoundException", "NoSuchEntity"} or (
         error_code(exc) == "ValidationException" and "could not find" in message.lower()
     )
-
-
-def account_id(*, region: str | None = None, profile: str | None = None) -> str:
-    return str(client("sts", region=region, profile=profile).get_caller_identity()["Account"])
 
 
 def region_of(c: BaseClient) -> str:

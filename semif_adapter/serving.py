@@ -7,7 +7,6 @@ the request (or refuses it with a fast 503), runs the engine on its own thread, 
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 import time
@@ -214,11 +213,3 @@ class DecisionService:
         except Exception as exc:
             self._fail(f"engine failed its health probe after an error: {exc}")
 
-
-async def wait_ready(service: DecisionService, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if service.phase is not Phase.loading:
-            return service.ready
-        await asyncio.sleep(0.05)
-    return False
