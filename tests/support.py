@@ -10,12 +10,20 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from semif_adapter.protocol import ModelInfo
+from semif_adapter.protocol import (
+    BatchResult,
+    BatchTiming,
+    Decision,
+    DecisionResult,
+    DecisionTiming,
+    ModelInfo,
+)
 from semif_adapter.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +48,58 @@ def fake_model_info(**overrides: object) -> ModelInfo:
     }
     values.update(overrides)
     return ModelInfo.model_validate(values)
+
+
+def stand_in_result(
+    option_ids: Sequence[str],
+    probabilities: Sequence[float],
+    logits: Sequence[float] | None = None,
+    mass: float = 0.9,
+    decision_id: str = "q0",
+) -> DecisionResult:
+    """An engine result as the engine shapes it (only the numbers matter here)."""
+    n = len(option_ids)
+    return DecisionResult(
+        id=decision_id,
+        option_ids=list(option_ids),
+        probabilities=list(probabilities),
+        option_logits=list(logits) if logits is not None else [0.0] * n,
+        input_tokens=10,
+        allowed_token_mass=mass,
+        argmax_token="A",
+        argmax_is_option=True,
+        labels=[chr(65 + i % 26) for i in range(n)],
+        prompt_sha256="0" * 64,
+        prompt_version="test",
+        timing=DecisionTiming(
+            total_seconds=0.0,
+            prefill_seconds=0.0,
+            suffix_forward_seconds=0.0,
+            readout_seconds=0.0,
+            prefix_tokens=5,
+            suffix_tokens=5,
+            prefix_reused=False,
+        ),
+        model=fake_model_info(name="m", file="m.gguf", architecture="gemma3"),
+    )
+
+
+def stand_in_batch(decisions: Sequence[Decision]) -> BatchResult:
+    """What a stand-in engine returns: every option equally likely."""
+    results = [
+        stand_in_result([o.id for o in d.options], [1 / len(d.options)] * len(d.options), decision_id=d.id)
+        for d in decisions
+    ]
+    timing = BatchTiming(
+        total_seconds=0.0,
+        prefill_seconds=0.0,
+        suffix_forward_seconds=0.0,
+        prefix_tokens=1,
+        prefix_reused=False,
+        decisions=len(decisions),
+        input_tokens=len(decisions) + 1,
+    )
+    return BatchResult(results=results, timing=timing)
 
 
 def engine_settings(**overrides: object) -> Settings:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from support import engine_settings, fake_model_info
+from support import engine_settings, fake_model_info, stand_in_batch
 
 from semif_adapter.app import create_app
 from semif_adapter.engine import DecisionEngine
@@ -233,48 +233,18 @@ class FakeEngine:
         if decisions[0].id == "warmup":
             if self.fail_probe and self.calls > 1:
                 raise EngineFailure("probe failed")
-            return BatchResult.model_construct(results=[], timing=None)
+            return stand_in_batch(decisions)
         self.entered.set()
         if self.fail_with is not None:
             raise self.fail_with
         self.release.wait(10)
-        real = _real_result()
-        return real
+        return stand_in_batch(decisions)
 
     def reset_prefix_cache(self) -> None:
         pass
 
     def close(self) -> None:
         pass
-
-
-_CACHED: dict[str, BatchResult] = {}
-
-
-def _real_result() -> BatchResult:
-    return _CACHED["result"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cache_real_result(client: TestClient) -> None:
-    response = client.post("/invocations", json={"decision": DECISION})
-    from semif_adapter.protocol import DecisionResult
-
-    result = DecisionResult.model_validate(response.json()["result"])
-    from semif_adapter.protocol import BatchTiming
-
-    _CACHED["result"] = BatchResult(
-        results=[result],
-        timing=BatchTiming(
-            total_seconds=0.1,
-            prefill_seconds=0.05,
-            suffix_forward_seconds=0.05,
-            prefix_tokens=10,
-            prefix_reused=False,
-            decisions=1,
-            input_tokens=20,
-        ),
-    )
 
 
 def _fake_app(engine: FakeEngine, **overrides: object) -> TestClient:

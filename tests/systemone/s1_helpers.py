@@ -8,9 +8,6 @@ from typing import Any
 
 import httpx
 import pytest
-from support import fake_model_info
-
-from semif_adapter.protocol import BatchResult, BatchTiming, DecisionResult, DecisionTiming
 
 STATE = "I was charged twice for my subscription this month. Please refund one of the charges."
 NOUL = {"type": "noul", "instructions": "Is this message about billing?"}
@@ -86,49 +83,3 @@ def check_answer(answer: dict[str, Any], question: dict[str, Any]) -> None:
         d = sum(abs(i - (n - 1) / 2) for i in range(n)) / n
         expected = max(0.0, 1 - sum(p * abs(i - k) for i, p in enumerate(values)) / d)
         assert answer["confidence"] == pytest.approx(expected, abs=1e-12)
-
-
-def result(option_ids, probabilities, logits=None, mass=0.9, decision_id="q0") -> DecisionResult:
-    """An engine result as the engine shapes it (only the numbers matter here)."""
-    n = len(option_ids)
-    return DecisionResult(
-        id=decision_id,
-        option_ids=list(option_ids),
-        probabilities=list(probabilities),
-        option_logits=list(logits) if logits is not None else [0.0] * n,
-        input_tokens=10,
-        allowed_token_mass=mass,
-        argmax_token="A",
-        argmax_is_option=True,
-        labels=[chr(65 + i % 26) for i in range(n)],
-        prompt_sha256="0" * 64,
-        prompt_version="test",
-        timing=DecisionTiming(
-            total_seconds=0.0,
-            prefill_seconds=0.0,
-            suffix_forward_seconds=0.0,
-            readout_seconds=0.0,
-            prefix_tokens=5,
-            suffix_tokens=5,
-            prefix_reused=False,
-        ),
-        model=fake_model_info(name="m", file="m.gguf", architecture="gemma3"),
-    )
-
-
-def uniform_batch(decisions: list[Any]) -> BatchResult:
-    """What a stand-in engine returns: every option equally likely."""
-    results = [
-        result([o.id for o in d.options], [1 / len(d.options)] * len(d.options), decision_id=d.id)
-        for d in decisions
-    ]
-    timing = BatchTiming(
-        total_seconds=0.0,
-        prefill_seconds=0.0,
-        suffix_forward_seconds=0.0,
-        prefix_tokens=1,
-        prefix_reused=False,
-        decisions=len(decisions),
-        input_tokens=len(decisions) + 1,
-    )
-    return BatchResult(results=results, timing=timing)

@@ -9,7 +9,7 @@ import httpx2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from s1_helpers import result
+from support import stand_in_result as result
 from typesafe_sdk import ChoiceAnswer as SdkChoice
 from typesafe_sdk import NoulAnswer as SdkNoul
 from typesafe_sdk import ScoreAnswer as SdkScore

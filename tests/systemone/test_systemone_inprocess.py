@@ -14,7 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from s1_helpers import NOUL, STATE, result, uniform_batch
+from s1_helpers import NOUL, STATE
+from support import stand_in_batch as uniform_batch
+from support import stand_in_result as result
 
 from semif_adapter.app import create_app
 from semif_adapter.engine import DecisionEngine
