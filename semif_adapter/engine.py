@@ -294,14 +294,15 @@ class DecisionEngine:
     def _read(self, label_ids: list[int]) -> _Readout:
         logits = self.runtime.last_logits()  # zero-copy view of the vocabulary row
         selected = logits[label_ids].astype(np.float64)
-        peak = float(logits.max())
+        top = int(logits.argmax())  # NaN anywhere makes argmax land on it
+        peak = float(logits[top])
         if not (math.isfinite(peak) and np.isfinite(selected).all() and np.isfinite(logits.min())):
             raise EngineFailure("the model produced non-finite logits")
         shifted = logits.astype(np.float64)
         shifted -= peak
         np.exp(shifted, out=shifted)
         mass = float(np.exp(selected - peak).sum() / shifted.sum())
-        return _Readout(selected, mass, int(logits.argmax()))
+        return _Readout(selected, mass, top)
 
     def _run(self, prefix_tokens: list[int], planned: list[_Planned], started: float) -> BatchResult:
         n_prefix = len(prefix_tokens)
