@@ -5,6 +5,7 @@ Every script obtains boto3 clients through :func:`client`, so tests can record o
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import time
@@ -252,3 +253,9 @@ def codebuild_base_statements(source_bucket: str) -> list[dict[str, Any]]:
             "Resource": f"arn:aws:s3:::{source_bucket}/*",
         },
     ]
+
+
+def add_session_args(parser: argparse.ArgumentParser) -> None:
+    """``--region`` / ``--profile``, the same for every script (default: the AWS SDK's own chain)."""
+    parser.add_argument("--region", help="AWS region (default: AWS_REGION / the profile's region)")
+    parser.add_argument("--profile", help="AWS named profile (default: the SDK's credential chain)")

@@ -166,8 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the build")
     parser.add_argument("--poll", type=float, default=15, help="seconds between status checks")
     parser.add_argument("--print-only", action="store_true", help="print local docker commands and stop")
-    parser.add_argument("--region")
-    parser.add_argument("--profile")
+    _aws.add_session_args(parser)
     args = parser.parse_args(argv)
 
     if problem := _dockerfile.check_base_image(args.base_image):

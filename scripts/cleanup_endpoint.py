@@ -112,8 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", action="append", default=[], help="model(s) to delete as well")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--poll", type=float, default=15)
-    parser.add_argument("--region")
-    parser.add_argument("--profile")
+    _aws.add_session_args(parser)
     args = parser.parse_args(argv)
     try:
         sm = _aws.client("sagemaker", region=args.region, profile=args.profile)

@@ -163,8 +163,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="follow the endpoint until InService/Failed")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait with --wait")
     parser.add_argument("--poll", type=float, default=30, help="seconds between status checks")
-    parser.add_argument("--region")
-    parser.add_argument("--profile")
+    _aws.add_session_args(parser)
 
 
 def validate_common(args: argparse.Namespace) -> tuple[_aws.ImageRef, dict[str, str]]:

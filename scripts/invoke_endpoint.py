@@ -98,8 +98,7 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-attempts", type=int, default=6, help="attempts in all, for 503s")
     parser.add_argument("--base-delay", type=float, default=0.5, help="first backoff ceiling, seconds")
     parser.add_argument("--max-delay", type=float, default=8.0, help="backoff cap, seconds")
-    parser.add_argument("--region")
-    parser.add_argument("--profile")
+    _aws.add_session_args(parser)
 
 
 def runtime_client(args: argparse.Namespace) -> Any:

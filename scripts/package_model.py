@@ -159,8 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="gzip level; quantised weights barely compress, so 1 (fast) is the default",
     )
     parser.add_argument("--upload", metavar="S3_URI", help="s3://bucket/key.tar.gz to upload the result to")
-    parser.add_argument("--region")
-    parser.add_argument("--profile")
+    _aws.add_session_args(parser)
     args = parser.parse_args(argv)
 
     try:

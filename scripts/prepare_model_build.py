@@ -107,8 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--wait", action="store_true", help="with --start: follow the build to the end")
     parser.add_argument("--timeout", type=float, default=7200)
     parser.add_argument("--poll", type=float, default=20)
-    parser.add_argument("--region")
-    parser.add_argument("--profile")
+    _aws.add_session_args(parser)
     args = parser.parse_args(argv)
 
     try:
