@@ -21,6 +21,8 @@ from botocore.exceptions import ClientError
 DIGEST_URI = re.compile(r"^(?P<repo>[a-z0-9][a-z0-9._/-]*[a-z0-9])@sha256:(?P<digest>[0-9a-f]{64})$")
 S3_MODEL_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<key>.+\.tar\.gz)$")
 S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<key>.*))?$")
+SNS_TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?$")
+ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 
 
 class UsageError(Exception):
@@ -76,6 +78,32 @@ def parse_model_data(uri: str) -> tuple[str, str]:
     if not match:
         raise UsageError(f"model data {uri!r} must be an s3://<bucket>/<key>.tar.gz URI (model.tar.gz)")
     return match["bucket"], match["key"]
+
+
+def parse_s3_uri(uri: str, flag: str) -> tuple[str, str]:
+    """``s3://bucket[/key]`` -> (bucket, key or ""); anything else is a UsageError naming ``flag``."""
+    match = S3_URI.fullmatch(uri)
+    if not match:
+        raise UsageError(f"{flag} {uri!r} is not an s3://<bucket>/<prefix> URI")
+    return match["bucket"], match["key"] or ""
+
+
+def check_sns_topic(arn: str, flag: str) -> str:
+    if not SNS_TOPIC_ARN.fullmatch(arn):
+        raise UsageError(f"{flag} {arn!r} is not an SNS topic ARN (arn:aws:sns:<region>:<account>:<topic>)")
+    return arn
+
+
+def check_endpoint_name(name: str, flag: str = "--endpoint") -> str:
+    if not ENDPOINT_NAME.fullmatch(name):
+        raise UsageError(f"{flag} {name!r}: letters, digits and hyphens, at most 63 characters")
+    return name
+
+
+def check_range(flag: str, value: float | None, low: float, high: float, unit: str = "") -> None:
+    """A UsageError unless ``low <= value <= high`` (``None`` = not given, accepted)."""
+    if value is not None and not low <= value <= high:
+        raise UsageError(f"{flag} must be between {low:g} and {high:g}{unit}, got {value:g}")
 
 
 def error_code(exc: ClientError) -> str:
@@ -154,6 +182,13 @@ def env_pairs(items: Iterable[str]) -> dict[str, str]:
             raise UsageError(f"--env takes KEY=VALUE, got {item!r}")
         result[key] = value
     return result
+
+
+def env_value(value: object) -> str:
+    """A setting as an environment string; ``3600.0`` -> ``"3600"`` so int and float fields both read it."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def fail(message: str) -> int:

@@ -1,7 +1,9 @@
-"""Delete an endpoint, then its endpoint config, then its model(s), and list what is left.
+"""Delete an endpoint's autoscaling, the endpoint, its endpoint config and its model(s); list what is left.
 
-Already-deleted pieces are skipped, so the script can be re-run after a partial failure. The endpoint is
-deleted first and waited for, because a config or model still in use cannot be removed.
+Autoscaling goes first (scaling policies with their alarms, then the scalable target), so nothing tries to
+scale an endpoint that is being deleted and no stale target or alarm outlives it. Already-deleted pieces
+are skipped, so the script can be re-run after a partial failure. The endpoint is deleted and waited for
+before its config and models, because a config or model still in use cannot be removed.
 
     python scripts/cleanup_endpoint.py --endpoint semif-qwen
 """
@@ -18,10 +20,10 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 try:
-    from scripts import _aws
+    from scripts import _aws, autoscale_endpoint
 except ModuleNotFoundError:  # run as a file: python scripts/cleanup_endpoint.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _aws
+    from scripts import _aws, autoscale_endpoint
 
 
 def _missing_ok(call: Callable[[], Any]) -> Any | None:
@@ -44,6 +46,15 @@ def models_of(config: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def variants_of(described: dict[str, Any] | None, config: dict[str, Any] | None) -> list[str]:
+    """Variant names to deregister: the live endpoint's, else its config's, else the deploy default."""
+    for source in (described, config):
+        names = [v["VariantName"] for v in (source or {}).get("ProductionVariants", [])]
+        if names:
+            return list(dict.fromkeys(names))
+    return [autoscale_endpoint.VARIANT]
+
+
 def cleanup(
     sm: Any,
     endpoint: str,
@@ -53,16 +64,24 @@ def cleanup(
     timeout_s: float,
     interval_s: float,
     sleep: Callable[[float], None] = time.sleep,
+    autoscaling: Any = None,
+    cloudwatch: Any = None,
 ) -> list[str]:
-    """Delete endpoint -> config -> models; returns a line per action for the operator."""
+    """Delete autoscaling -> endpoint -> config -> models; returns a line per action for the operator."""
     done: list[str] = []
     described = _missing_ok(lambda: sm.describe_endpoint(EndpointName=endpoint))
+    config: dict[str, Any] | None = None
     if described:
         config_name = config_name or described["EndpointConfigName"]
     if config_name:
         config = _missing_ok(lambda: sm.describe_endpoint_config(EndpointConfigName=config_name))
         if config:
             models = models + [m for m in models_of(config) if m not in models]
+    if autoscaling is not None:
+        for variant in variants_of(described, config):
+            done += autoscale_endpoint.remove_scaling(
+                autoscaling, cloudwatch, endpoint=endpoint, variant=variant
+            )
     if described:
         sm.delete_endpoint(EndpointName=endpoint)
 
@@ -123,6 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             models=list(args.model),
             timeout_s=args.timeout,
             interval_s=args.poll,
+            autoscaling=_aws.client("application-autoscaling", region=args.region, profile=args.profile),
+            cloudwatch=_aws.client("cloudwatch", region=args.region, profile=args.profile),
         ):
             print(line)
         left = remaining(sm, args.endpoint)

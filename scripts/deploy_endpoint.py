@@ -4,12 +4,20 @@ Only digest-pinned images are accepted (<repo>@sha256:<64 hex>, as printed by bu
 point at a different image tomorrow. Give one --instance-type, or an ordered --instance-pool list that
 SageMaker tries in priority order when capacity is short (ProductionVariant.InstancePools).
 
-Real-time endpoints bill per instance-hour until deleted: run cleanup_endpoint.py when done.
+With --async the endpoint is asynchronous (AsyncInferenceConfig): requests are read from S3, queued, run
+one at a time per instance for up to --invocation-timeout seconds (SageMaker allows 3600), and the answers are
+written to --output-s3; invoke it with invoke_endpoint.py --async. The container's own request deadline
+(SEMIF_REQUEST_TIMEOUT_S) follows the invocation timeout unless --request-timeout-s says otherwise.
+
+Endpoints bill per instance-hour until deleted: run cleanup_endpoint.py when done.
 
     python scripts/deploy_endpoint.py --name semif-qwen \
         --role-arn arn:aws:iam::123456789012:role/SageMakerRole \
         --image 123456789012.dkr.ecr.us-east-1.amazonaws.com/semif-adapter-gpu@sha256:<64 hex> \
         --model-data s3://my-bucket/semif/qwen/model.tar.gz --instance-pool ml.g6.xlarge,ml.g5.xlarge --wait
+
+    python scripts/deploy_endpoint.py --name semif-qwen-async ... --instance-type ml.c7i.2xlarge \
+        --async --output-s3 s3://my-bucket/semif/async-out --invocation-timeout 1800
 """
 
 from __future__ import annotations
@@ -42,7 +50,13 @@ SETTING_FLAGS = {  # option dest -> container environment variable
     "max_options": "SEMIF_MAX_OPTIONS",
     "max_request_tokens": "SEMIF_MAX_REQUEST_TOKENS",
     "max_queue": "SEMIF_MAX_QUEUE",
+    "max_body_bytes": "SEMIF_MAX_BODY_BYTES",
+    "request_timeout_s": "SEMIF_REQUEST_TIMEOUT_S",
 }
+REALTIME_LIMIT_S = 60  # SageMaker ends a real-time invocation after 60 s
+ASYNC_MAX_TIMEOUT_S = 3600  # InvokeEndpointAsync's InvocationTimeoutSeconds maximum
+ASYNC_DEFAULT_TIMEOUT_S = 900  # SageMaker's own default for InvocationTimeoutSeconds
+ASYNC_FLAGS = ("output_s3", "failure_s3", "notify_sns", "notify_error_sns", "invocation_timeout")
 
 
 def parse_pool(value: str) -> list[str]:
@@ -88,6 +102,41 @@ def production_variant(
     return variant
 
 
+def create_model(
+    sm: Any,
+    *,
+    name: str,
+    image: _aws.ImageRef,
+    model_data: str,
+    role_arn: str,
+    environment: dict[str, str],
+    tags: list[dict[str, str]],
+    network_isolation: bool = True,
+) -> None:
+    """CreateModel with the digest-pinned image (shared with batch_transform.py)."""
+    sm.create_model(
+        ModelName=name,
+        ExecutionRoleArn=role_arn,
+        PrimaryContainer={"Image": image.uri, "ModelDataUrl": model_data, "Environment": environment},
+        EnableNetworkIsolation=network_isolation,
+        Tags=tags,
+    )
+
+
+def async_inference_config(
+    *, output_s3: str, failure_s3: str | None, success_topic: str | None, error_topic: str | None
+) -> dict[str, Any]:
+    """AsyncInferenceConfig for a one-at-a-time container: one invocation per instance, the rest queue."""
+    output: dict[str, Any] = {
+        "S3OutputPath": output_s3,
+        "S3FailurePath": failure_s3 or output_s3.rstrip("/") + "/failures",
+    }
+    notify = {k: v for k, v in (("SuccessTopic", success_topic), ("ErrorTopic", error_topic)) if v}
+    if notify:
+        output["NotificationConfig"] = notify
+    return {"ClientConfig": {"MaxConcurrentInvocationsPerInstance": 1}, "OutputConfig": output}
+
+
 def deploy(
     sm: Any,
     *,
@@ -99,20 +148,28 @@ def deploy(
     variant: dict[str, Any],
     stamp: str,
     network_isolation: bool = True,
+    async_config: dict[str, Any] | None = None,
 ) -> tuple[str, str]:
     """Create model, endpoint config and endpoint in that order; returns (model, config) names."""
     model_name = f"{endpoint}-{stamp}"
     config_name = f"{endpoint}-{stamp}"
     tags = [{"Key": "project", "Value": "semif-adapter"}, {"Key": "endpoint", "Value": endpoint}]
-    sm.create_model(
-        ModelName=model_name,
-        ExecutionRoleArn=role_arn,
-        PrimaryContainer={"Image": image.uri, "ModelDataUrl": model_data, "Environment": environment},
-        EnableNetworkIsolation=network_isolation,
-        Tags=tags,
+    create_model(
+        sm,
+        name=model_name,
+        image=image,
+        model_data=model_data,
+        role_arn=role_arn,
+        environment=environment,
+        tags=tags,
+        network_isolation=network_isolation,
     )
+    extra: dict[str, Any] = {"AsyncInferenceConfig": async_config} if async_config else {}
     sm.create_endpoint_config(
-        EndpointConfigName=config_name, ProductionVariants=[{**variant, "ModelName": model_name}], Tags=tags
+        EndpointConfigName=config_name,
+        ProductionVariants=[{**variant, "ModelName": model_name}],
+        Tags=tags,
+        **extra,
     )
     sm.create_endpoint(EndpointName=endpoint, EndpointConfigName=config_name, Tags=tags)
     return model_name, config_name
@@ -179,16 +236,22 @@ def validate_common(args: argparse.Namespace) -> tuple[_aws.ImageRef, dict[str, 
         ("--download-timeout", args.download_timeout, 60, 3600),
         ("--provision-timeout", args.provision_timeout, 300, 3600),
     ):
-        if value is not None and not low <= value <= high:
-            raise _aws.UsageError(f"{flag} must be between {low} and {high} seconds, got {value}")
+        _aws.check_range(flag, value, low, high, " seconds")
     if args.provision_timeout and not args.instance_pool:
         raise _aws.UsageError("--provision-timeout applies to --instance-pool only")
     if args.instance_count < 1:
         raise _aws.UsageError("--instance-count must be at least 1")
+    if getattr(args, "max_body_bytes", None) is not None and args.max_body_bytes < 1024:
+        raise _aws.UsageError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
     return image, _aws.env_pairs(args.env)
 
 
-def run(args: argparse.Namespace, environment: dict[str, str], image: _aws.ImageRef) -> int:
+def run(
+    args: argparse.Namespace,
+    environment: dict[str, str],
+    image: _aws.ImageRef,
+    async_config: dict[str, Any] | None = None,
+) -> int:
     """Deploy (and optionally wait); shared by both deploy scripts."""
     variant = production_variant(
         model_name="",
@@ -211,8 +274,16 @@ def run(args: argparse.Namespace, environment: dict[str, str], image: _aws.Image
             environment=environment,
             variant=variant,
             stamp=stamp,
+            async_config=async_config,
         )
         print(f"creating endpoint {args.name} (model {model_name}, config {config_name})")
+        if async_config:
+            print(
+                f"asynchronous: answers go to {async_config['OutputConfig']['S3OutputPath']}; invoke with "
+                f"python scripts/invoke_endpoint.py --async --endpoint {args.name} "
+                f"--input-s3 s3://<bucket>/<prefix> --invocation-timeout {args.invocation_timeout} "
+                "--request <file>"
+            )
         print("billing runs until deleted: python scripts/cleanup_endpoint.py --endpoint " + args.name)
         if not args.wait:
             return 0
@@ -239,18 +310,75 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-options", type=int, help="SEMIF_MAX_OPTIONS")
     parser.add_argument("--max-request-tokens", type=int, help="SEMIF_MAX_REQUEST_TOKENS")
     parser.add_argument("--max-queue", type=int, help="SEMIF_MAX_QUEUE")
+    parser.add_argument("--max-body-bytes", type=int, help="SEMIF_MAX_BODY_BYTES (container default 6 MiB)")
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        help="SEMIF_REQUEST_TIMEOUT_S, the container's per-request deadline "
+        "(real-time: at most 60; --async: default = --invocation-timeout)",
+    )
+    add_async_arguments(parser)
     args = parser.parse_args(argv)
     try:
         image, extra = validate_common(args)
+        async_config = validate_async(args)
     except _aws.UsageError as exc:
         return _aws.fail(str(exc))
     environment = {
-        env: str(getattr(args, dest))
+        env: _aws.env_value(getattr(args, dest))
         for dest, env in SETTING_FLAGS.items()
         if getattr(args, dest) is not None
     }
     environment.update(extra)
-    return run(args, environment, image)
+    return run(args, environment, image, async_config)
+
+
+def add_async_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("asynchronous inference (--async)")
+    group.add_argument(
+        "--async", dest="async_mode", action="store_true", help="deploy an asynchronous endpoint"
+    )
+    group.add_argument("--output-s3", help="s3://bucket/prefix for answers (required with --async)")
+    group.add_argument("--failure-s3", help="s3://bucket/prefix for failures (default: <output-s3>/failures)")
+    group.add_argument("--notify-sns", help="SNS topic ARN told of each answer (and of failures, by default)")
+    group.add_argument("--notify-error-sns", help="SNS topic ARN told of failures (default: --notify-sns)")
+    group.add_argument(
+        "--invocation-timeout",
+        type=int,
+        help=f"seconds one async request may run, 1-{ASYNC_MAX_TIMEOUT_S} "
+        f"(default {ASYNC_DEFAULT_TIMEOUT_S}); pass the same value to invoke_endpoint.py --async",
+    )
+
+
+def validate_async(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The AsyncInferenceConfig for --async (None for real-time); fills in the request deadline."""
+    if not args.async_mode:
+        given = [f"--{name.replace('_', '-')}" for name in ASYNC_FLAGS if getattr(args, name) is not None]
+        if given:
+            raise _aws.UsageError(f"{', '.join(given)} apply to --async only")
+        if args.request_timeout_s is not None:
+            _aws.check_range("--request-timeout-s", args.request_timeout_s, 1, REALTIME_LIMIT_S, " seconds")
+        return None
+    if not args.output_s3:
+        raise _aws.UsageError("--async needs --output-s3 s3://<bucket>/<prefix> for the answers")
+    _aws.parse_s3_uri(args.output_s3, "--output-s3")
+    if args.failure_s3:
+        _aws.parse_s3_uri(args.failure_s3, "--failure-s3")
+    for flag, arn in (("--notify-sns", args.notify_sns), ("--notify-error-sns", args.notify_error_sns)):
+        if arn:
+            _aws.check_sns_topic(arn, flag)
+    if args.invocation_timeout is None:
+        args.invocation_timeout = ASYNC_DEFAULT_TIMEOUT_S
+    _aws.check_range("--invocation-timeout", args.invocation_timeout, 1, ASYNC_MAX_TIMEOUT_S, " seconds")
+    if args.request_timeout_s is None:
+        args.request_timeout_s = float(args.invocation_timeout)
+    _aws.check_range("--request-timeout-s", args.request_timeout_s, 1, args.invocation_timeout, " seconds")
+    return async_inference_config(
+        output_s3=args.output_s3,
+        failure_s3=args.failure_s3,
+        success_topic=args.notify_sns,
+        error_topic=args.notify_error_sns or args.notify_sns,
+    )
 
 
 if __name__ == "__main__":
