@@ -266,12 +266,14 @@ def stop(sm: Any, job_name: str) -> int:
     return 0
 
 
-def report(s3: Any, args: argparse.Namespace, described: dict[str, Any]) -> int:
+def report(args: argparse.Namespace, described: dict[str, Any]) -> int:
+    """The failure reason (exit non-zero), or where the results went."""
     status = described["TransformJobStatus"]
     if status != "Completed":
         reason = described.get("FailureReason") or "no failure reason given"
         return _aws.fail(f"transform job {args.job_name} is {status}: {reason}")
     print(f"transform job {args.job_name} Completed; results under {args.output_s3}")
+    s3 = _aws.client("s3", region=args.region, profile=args.profile)
     for uri in output_objects(s3, args.output_s3):
         print(f"  {uri}")
     return 0
@@ -351,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"follow it in the console, or end it early: {stop_hint}")
             return 0
         described = wait_done(sm, args.job_name, timeout_s=args.timeout, interval_s=args.poll)
-        return report(_aws.client("s3", region=args.region, profile=args.profile), args, described)
+        return report(args, described)
     except ClientError as exc:
         return _aws.fail(f"AWS: {exc}")
     except TimeoutError as exc:
