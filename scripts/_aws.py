@@ -184,6 +184,21 @@ def env_pairs(items: Iterable[str]) -> dict[str, str]:
     return result
 
 
+def container_deadline(
+    requested: float | None, invocation_timeout_s: int, flag: str = "--request-timeout-s"
+) -> float:
+    """SEMIF_REQUEST_TIMEOUT_S for an invocation SageMaker allows ``invocation_timeout_s`` seconds.
+
+    Default: 5 s short of it (as 55 s is of the real-time 60 s), so the container's own deadline error, which
+    says how far it got, reaches the caller before SageMaker's generic timeout. 0 means no deadline.
+    """
+    if requested is None:
+        return float(invocation_timeout_s - 5 if invocation_timeout_s > 10 else invocation_timeout_s)
+    if requested != 0:
+        check_range(flag, requested, 1, invocation_timeout_s, " seconds (or 0: no deadline)")
+    return float(requested)
+
+
 def env_value(value: object) -> str:
     """A setting as an environment string; ``3600.0`` -> ``"3600"`` so int and float fields both read it."""
     if isinstance(value, float) and value.is_integer():

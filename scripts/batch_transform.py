@@ -199,9 +199,7 @@ def validate(args: argparse.Namespace) -> tuple[_aws.ImageRef | None, dict[str, 
     _aws.check_range("--invocation-timeout", args.invocation_timeout, 1, MAX_TIMEOUT_S, " seconds")
     _aws.check_range("--max-retries", args.max_retries, 0, 3)
     _aws.check_range("--max-decisions", args.max_decisions, 1, MAX_DECISIONS_LIMIT)
-    if args.request_timeout_s is None:
-        args.request_timeout_s = float(args.invocation_timeout)
-    _aws.check_range("--request-timeout-s", args.request_timeout_s, 1, args.invocation_timeout, " seconds")
+    args.request_timeout_s = _aws.container_deadline(args.request_timeout_s, args.invocation_timeout)
     for flag, value in (("--input-filter", args.input_filter), ("--output-filter", args.output_filter)):
         if value is not None and not (value.startswith("$") and len(value) <= MAX_FILTER):
             raise _aws.UsageError(
@@ -307,9 +305,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=MAX_TIMEOUT_S,
         help=f"seconds per request, 1-{MAX_TIMEOUT_S}",
     )
-    parser.add_argument("--max-retries", type=int, default=1, help="retries of a failed request, 0-3 (1)")
     parser.add_argument(
-        "--request-timeout-s", type=float, help="SEMIF_REQUEST_TIMEOUT_S (default: --invocation-timeout)"
+        "--max-retries",
+        type=int,
+        default=0,
+        help="retries of a failed request, 0-3 (0: the container's errors repeat for the same input)",
+    )
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        help="SEMIF_REQUEST_TIMEOUT_S (default: --invocation-timeout minus 5 s; 0 = none)",
     )
     parser.add_argument(
         "--max-decisions",

@@ -7,7 +7,8 @@ SageMaker tries in priority order when capacity is short (ProductionVariant.Inst
 With --async the endpoint is asynchronous (AsyncInferenceConfig): requests are read from S3, queued, run
 one at a time per instance for up to --invocation-timeout seconds (SageMaker allows 3600), and the answers are
 written to --output-s3; invoke it with invoke_endpoint.py --async. The container's own request deadline
-(SEMIF_REQUEST_TIMEOUT_S) follows the invocation timeout unless --request-timeout-s says otherwise.
+(SEMIF_REQUEST_TIMEOUT_S) is set 5 s short of the invocation timeout unless --request-timeout-s says
+otherwise (0 = no deadline of its own).
 
 Endpoints bill per instance-hour until deleted: run cleanup_endpoint.py when done.
 
@@ -315,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--request-timeout-s",
         type=float,
         help="SEMIF_REQUEST_TIMEOUT_S, the container's per-request deadline "
-        "(real-time: at most 60; --async: default = --invocation-timeout)",
+        "(real-time: 1-60; --async: default --invocation-timeout minus 5 s, 0 = none)",
     )
     add_async_arguments(parser)
     args = parser.parse_args(argv)
@@ -370,9 +371,7 @@ def validate_async(args: argparse.Namespace) -> dict[str, Any] | None:
     if args.invocation_timeout is None:
         args.invocation_timeout = ASYNC_DEFAULT_TIMEOUT_S
     _aws.check_range("--invocation-timeout", args.invocation_timeout, 1, ASYNC_MAX_TIMEOUT_S, " seconds")
-    if args.request_timeout_s is None:
-        args.request_timeout_s = float(args.invocation_timeout)
-    _aws.check_range("--request-timeout-s", args.request_timeout_s, 1, args.invocation_timeout, " seconds")
+    args.request_timeout_s = _aws.container_deadline(args.request_timeout_s, args.invocation_timeout)
     return async_inference_config(
         output_s3=args.output_s3,
         failure_s3=args.failure_s3,

@@ -74,9 +74,9 @@ def test_async_deploy_sends_one_invocation_per_instance_and_the_deadline(
             "NotificationConfig": {"SuccessTopic": TOPIC, "ErrorTopic": TOPIC},
         },
     }
-    # the container may work as long as SageMaker lets the invocation run
+    # the container may work almost as long as SageMaker lets the invocation run, and answers first
     environment = created(calls, "CreateModel")["PrimaryContainer"]["Environment"]
-    assert environment == {"SEMIF_REQUEST_TIMEOUT_S": "1800"}
+    assert environment == {"SEMIF_REQUEST_TIMEOUT_S": "1795"}
     sm = boto3.client("sagemaker", region_name="us-east-1")
     stored = sm.describe_endpoint_config(EndpointConfigName=config["EndpointConfigName"])
     assert stored["AsyncInferenceConfig"]["ClientConfig"] == {"MaxConcurrentInvocationsPerInstance": 1}
@@ -103,6 +103,13 @@ def test_async_deploy_defaults_and_explicit_request_deadline(moto_aws: None, cal
     assert output == {"S3OutputPath": "s3://answers/semif/", "S3FailurePath": "s3://answers/errors"}
     environment = created(calls, "CreateModel")["PrimaryContainer"]["Environment"]
     assert environment == {"SEMIF_REQUEST_TIMEOUT_S": "600", "SEMIF_MAX_BODY_BYTES": "67108864"}
+
+
+def test_async_deploy_may_switch_the_container_deadline_off(moto_aws: None, calls: Calls) -> None:
+    args = ["--async", "--output-s3", "s3://answers/semif", "--request-timeout-s", "0"]
+    assert deploy_endpoint.main([*BASE, *args]) == 0
+    environment = created(calls, "CreateModel")["PrimaryContainer"]["Environment"]
+    assert environment == {"SEMIF_REQUEST_TIMEOUT_S": "0"}
 
 
 def test_real_time_deploy_has_no_async_config_and_takes_a_short_deadline(
@@ -132,9 +139,10 @@ def test_real_time_deploy_has_no_async_config_and_takes_a_short_deadline(
                 "--request-timeout-s",
                 "900",
             ],
-            "--request-timeout-s must be between 1 and 300",
+            "--request-timeout-s must be between 1 and 300 seconds (or 0: no deadline)",
         ),
         (["--request-timeout-s", "120"], "--request-timeout-s must be between 1 and 60"),
+        (["--request-timeout-s", "0"], "--request-timeout-s must be between 1 and 60"),
         (["--max-body-bytes", "100"], "--max-body-bytes must be at least 1024"),
     ],
 )

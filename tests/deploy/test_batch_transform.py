@@ -64,8 +64,8 @@ def test_job_request_is_json_lines_multi_record_one_at_a_time(
         "MaxConcurrentTransforms": 1,
         "MaxPayloadInMB": 4,
         "BatchStrategy": "MultiRecord",
-        "ModelClientConfig": {"InvocationsTimeoutInSeconds": 1200, "InvocationsMaxRetries": 1},
-        "Environment": {"SEMIF_MAX_DECISIONS": "4096", "SEMIF_REQUEST_TIMEOUT_S": "1200"},
+        "ModelClientConfig": {"InvocationsTimeoutInSeconds": 1200, "InvocationsMaxRetries": 0},
+        "Environment": {"SEMIF_MAX_DECISIONS": "4096", "SEMIF_REQUEST_TIMEOUT_S": "1195"},
         "TransformInput": {
             "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://decisions/in/"}},
             "ContentType": "application/jsonlines",
