@@ -26,6 +26,9 @@ except ModuleNotFoundError:  # run as a file: python scripts/cleanup_endpoint.py
     from scripts import _aws, autoscale_endpoint
 
 
+ACCESS_DENIED = {"AccessDenied", "AccessDeniedException"}
+
+
 def _missing_ok(call: Callable[[], Any]) -> Any | None:
     try:
         return call()
@@ -79,9 +82,15 @@ def cleanup(
             models = models + [m for m in models_of(config) if m not in models]
     if autoscaling is not None:
         for variant in variants_of(described, config):
-            done += autoscale_endpoint.remove_scaling(
-                autoscaling, cloudwatch, endpoint=endpoint, variant=variant
-            )
+            try:
+                done += autoscale_endpoint.remove_scaling(
+                    autoscaling, cloudwatch, endpoint=endpoint, variant=variant
+                )
+            except ClientError as exc:
+                # Without autoscaling rights the endpoint must still go: it is what bills.
+                if _aws.error_code(exc) not in ACCESS_DENIED:
+                    raise
+                done.append(f"autoscaling of {endpoint}/{variant} not checked: {_aws.describe(exc)}")
     if described:
         sm.delete_endpoint(EndpointName=endpoint)
 

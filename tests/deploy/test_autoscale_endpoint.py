@@ -10,6 +10,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.stub import Stubber
 from deploy_helpers import IMAGE
 
 from scripts import autoscale_endpoint, cleanup_endpoint, deploy_endpoint
@@ -249,3 +250,47 @@ def test_endpoint_mismatch_is_refused_before_registering(
     assert len(lines) == 1 and fragment in lines[0]
     assert [op for service, op, _ in calls if service != "sagemaker"] == []
     assert state() == ([], [], [])
+
+
+def test_cleanup_without_autoscaling_rights_still_deletes_the_endpoint(
+    moto_aws: None, use_clients: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stubber for Application Auto Scaling: moto does not enforce IAM, so it cannot refuse a call."""
+    deploy()
+    refused = boto3.client("application-autoscaling", region_name="us-east-1")
+    stub = Stubber(refused)
+    stub.add_client_error(
+        "describe_scaling_policies",
+        service_error_code="AccessDeniedException",
+        service_message="not authorized to perform: application-autoscaling:DescribeScalingPolicies",
+        http_status_code=400,
+    )
+    sm = boto3.client("sagemaker", region_name="us-east-1")
+    cw = boto3.client("cloudwatch", region_name="us-east-1")
+    use_clients(sagemaker=sm, application_autoscaling=refused, cloudwatch=cw)
+    with stub:
+        assert cleanup_endpoint.main(["--endpoint", "semif-scale", "--poll", "0"]) == 0
+        stub.assert_no_pending_responses()
+    out = capsys.readouterr().out
+    assert "autoscaling of semif-scale/AllTraffic not checked: AccessDeniedException" in out
+    assert "deleted endpoint semif-scale" in out
+    assert sm.list_endpoints()["Endpoints"] == []
+
+
+def test_cleanup_stops_on_other_autoscaling_errors(
+    moto_aws: None, use_clients: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stubber for Application Auto Scaling: moto cannot be made to fail a DescribeScalingPolicies."""
+    deploy()
+    failing = boto3.client("application-autoscaling", region_name="us-east-1")
+    stub = Stubber(failing)
+    stub.add_client_error(
+        "describe_scaling_policies", service_error_code="InternalServiceException", http_status_code=500
+    )
+    sm = boto3.client("sagemaker", region_name="us-east-1")
+    use_clients(sagemaker=sm, application_autoscaling=failing, cloudwatch=None)
+    with stub:
+        assert cleanup_endpoint.main(["--endpoint", "semif-scale", "--poll", "0"]) != 0
+    assert "InternalServiceException" in error_lines(capsys)[0]
+    # the endpoint is left for a re-run rather than deleted with its scaling unknown
+    assert [e["EndpointName"] for e in sm.list_endpoints()["Endpoints"]] == ["semif-scale"]
