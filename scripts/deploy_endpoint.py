@@ -1,4 +1,4 @@
-"""Deploy semif-adapter to a SageMaker real-time endpoint: model -> endpoint config -> endpoint.
+"""Deploy semif-adapter to a SageMaker endpoint, real-time or (--async) asynchronous: model, config, endpoint.
 
 Only digest-pinned images are accepted (<repo>@sha256:<64 hex>, as printed by build_image.py): a tag could
 point at a different image tomorrow. Give one --instance-type, or an ordered --instance-pool list that
