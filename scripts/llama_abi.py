@@ -352,13 +352,17 @@ def cmd_verify(args: argparse.Namespace, scratch: Path) -> int:
             f"headers {headers.origin} are commit {headers.commit} "
             f"but libllama at {where} reports {found.describe()}"
         )
-    expected = (args.expect_version, args.expect_commit)
-    if expected[0] is not None and (
-        expected[0] != found.llama or not _same_commit(expected[1] or "", found.commit or "")
+    want_version, want_commit = args.expect_version, args.expect_commit or ""
+    if want_version is not None and (
+        want_version != found.llama or not _same_commit(want_commit, found.commit or "")
     ):
+        told = (
+            f"the build expects LLAMA_CPP_VERSION={want_version!r} LLAMA_CPP_COMMIT={want_commit!r}"
+            if want_version
+            else "the build was not told which llama.cpp to expect"
+        )
         raise AbiError(
-            f"libllama at {where} reports {found.describe()}, the build was told "
-            f"LLAMA_CPP_VERSION={expected[0]!r} LLAMA_CPP_COMMIT={expected[1]!r}; pass "
+            f"libllama at {where} reports {found.describe()}; {told}; pass "
             f"--build-arg LLAMA_CPP_VERSION={found.llama} --build-arg LLAMA_CPP_COMMIT={found.commit}"
         )
     version = llama_cpp.__version__
@@ -381,8 +385,8 @@ def cmd_verify(args: argparse.Namespace, scratch: Path) -> int:
 
 
 def _same_commit(a: str, b: str) -> bool:
-    """Short and long hashes of one commit match; an empty expectation matches anything."""
-    a, b = a.strip().lower(), b.strip().lower()
+    """Short and long hashes of one commit match (a "-dirty" build too); an empty side matches anything."""
+    a, b = (x.strip().lower().removesuffix("-dirty") for x in (a, b))
     return not a or not b or a.startswith(b) or b.startswith(a)
 
 

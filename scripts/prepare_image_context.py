@@ -82,7 +82,8 @@ def retag_pure(wheel: Path, out_dir: Path) -> Path:
         name, version = dist_info[: -len(".dist-info")].rsplit("-", 1)
         target = out_dir / f"{name}-{version}-py3-none-any.whl"
         wheel_meta = src.read(f"{dist_info}/WHEEL").decode()
-        lines = [ln for ln in wheel_meta.splitlines() if ln and not ln.startswith(("Tag:", "Root-Is-Purelib:"))]
+        replaced = ("Tag:", "Root-Is-Purelib:")
+        lines = [ln for ln in wheel_meta.splitlines() if ln and not ln.startswith(replaced)]
         new_meta = ("\n".join(lines) + "\nRoot-Is-Purelib: true\nTag: py3-none-any\n").encode()
         with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as dst:
             record_name = f"{dist_info}/RECORD"
