@@ -6,7 +6,6 @@ render. Every error is JSON with a stable ``type``; a caller's mistake is always
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -25,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import __version__
 from .body import read_body
 from .errors import DecisionValidationError, SemifError, UnsupportedMediaType
+from .json_reader import JsonError, read_json
 from .metrics import Metrics
 from .protocol import (
     Decision,
@@ -70,15 +70,38 @@ def _validation_error(exc: ValidationError, root: tuple[str | int, ...] = ()) ->
     return DecisionValidationError(first["msg"], loc=loc)
 
 
-def _parse_json(body: bytes) -> Any:
+def _parse_json(body: bytes, max_depth: int, line: int | None = None) -> Any:
+    """The shared JSON reader; its refusal becomes a 400 naming where (for JSON Lines, which line)."""
     try:
-        return json.loads(body)
-    except UnicodeDecodeError as exc:
-        raise DecisionValidationError("request body is not UTF-8 text") from exc
-    except json.JSONDecodeError as exc:
+        return read_json(body, max_depth)
+    except JsonError as exc:
+        loc: tuple[str | int, ...] = (f"line {line}",) if line is not None else ()
+        if exc.line is None:
+            raise DecisionValidationError(exc.message, loc=loc + exc.path) from exc
+        where = f"line {line} column {exc.column}" if line is not None else exc.position
+        raise DecisionValidationError(exc.message, loc=(where,)) from exc
+
+
+def _refuse_counts(payload: dict[str, Any], settings: Settings) -> None:
+    """Count limits on the raw JSON, before schema validation (the engine checks them again):
+    validating half a million options only to refuse them would hold the event loop for seconds."""
+    decisions = payload.get("decisions")
+    many = decisions if isinstance(decisions, list) else []
+    if len(many) > settings.max_decisions:
         raise DecisionValidationError(
-            f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from exc
+            f"{len(many)} decisions in one request; the limit is {settings.max_decisions}", loc=("decisions",)
+        )
+    _refuse_options(payload.get("decision"), settings, ("decision",))
+    for index, decision in enumerate(many):
+        _refuse_options(decision, settings, ("decisions", index))
+
+
+def _refuse_options(decision: Any, settings: Settings, loc: tuple[str | int, ...]) -> None:
+    options = decision.get("options") if isinstance(decision, dict) else None
+    if isinstance(options, list) and len(options) > settings.max_options:
+        raise DecisionValidationError(
+            f"{len(options)} options; the limit is {settings.max_options}", loc=(*loc, "options")
+        )
 
 
 def _media_type(request: Request) -> str:
@@ -223,7 +246,7 @@ def create_app(
             raise UnsupportedMediaType(
                 f"Content-Type {media_type!r} is not supported; use application/json or application/jsonlines"
             )
-        payload = _parse_json(body)
+        payload = _parse_json(body, settings.max_json_depth)
         if (
             isinstance(payload, dict)
             and "questions" in payload
@@ -232,6 +255,8 @@ def create_app(
             from .systemone import answer_systemone_invocation
 
             return await answer_systemone_invocation(request, service, payload)
+        if isinstance(payload, dict):
+            _refuse_counts(payload, settings)
         try:
             parsed = InvocationRequest.model_validate(payload)
         except ValidationError as exc:
@@ -256,23 +281,23 @@ def create_app(
         return JSONResponse(content)
 
     async def _jsonlines(request: Request, body: bytes) -> Response:
+        lines = [(number, line) for number, line in enumerate(body.splitlines(), start=1) if line.strip()]
+        if len(lines) > settings.max_decisions:  # before parsing: a body of many tiny lines is cheap to send
+            raise DecisionValidationError(
+                f"{len(lines)} lines; the limit is {settings.max_decisions} (SEMIF_MAX_DECISIONS)"
+            )
         decisions: list[Decision] = []
-        for number, line in enumerate(body.splitlines(), start=1):
-            if not line.strip():
-                continue
-            payload = _parse_json(line)
+        for number, line in lines:
+            payload = _parse_json(line, settings.max_json_depth, number)
             if isinstance(payload, dict) and "decision" in payload and len(payload) == 1:
                 payload = payload["decision"]  # tolerate {"decision": {...}} per line
+            _refuse_options(payload, settings, (f"line {number}",))
             try:
                 decisions.append(Decision.model_validate(payload))
             except ValidationError as exc:
                 raise _validation_error(exc, (f"line {number}",)) from exc
         if not decisions:
             raise DecisionValidationError("jsonlines body has no decisions")
-        if len(decisions) > settings.max_decisions:
-            raise DecisionValidationError(
-                f"{len(decisions)} lines; the limit is {settings.max_decisions} (SEMIF_MAX_DECISIONS)"
-            )
         # Lines about the same state share one prefill; determinism makes grouping invisible.
         groups: dict[str, list[int]] = {}
         for index, decision in enumerate(decisions):

@@ -51,27 +51,47 @@ async def _read_raw(request: Request, limit: int) -> bytes:
 
 
 def _gunzip(data: bytes, limit: int) -> bytes:
-    decoder = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-    try:
-        out = decoder.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise MalformedBody(f"body is not valid gzip: {exc}") from exc
-    if len(out) > limit:
-        raise BodyTooLarge(f"decompressed body exceeds the {limit}-byte limit")
-    if not decoder.eof:
-        raise MalformedBody("gzip body is truncated")
-    return out
+    """Every member of a (possibly multi-member) gzip body; a cut-off member is an error, not less data."""
+    out: list[bytes] = []
+    size = 0
+    while True:
+        decoder = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        try:
+            chunk = decoder.decompress(data, limit - size + 1)
+        except zlib.error as exc:
+            raise MalformedBody(f"body is not valid gzip: {exc}") from exc
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"decompressed body exceeds the {limit}-byte limit")
+        if not decoder.eof:
+            raise MalformedBody("gzip body is truncated")
+        out.append(chunk)
+        data = decoder.unused_data
+        if not data:
+            return b"".join(out)
 
 
 def _unzstd(data: bytes, limit: int) -> bytes:
-    reader = zstandard.ZstdDecompressor().stream_reader(data)
+    """Every frame of a zstd body, bounded by ``limit``; a cut-off frame is an error, not less data.
+
+    zstandard's bounded reader neither says whether the last frame was complete nor, by default,
+    reads past the first frame; so it only bounds the output, and a frame-by-frame pass (now known
+    to stay within the limit) checks that each frame ends.
+    """
     try:
-        out = reader.read(limit + 1)
+        bounded = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True).read(limit + 1)
+        if len(bounded) > limit:
+            raise BodyTooLarge(f"decompressed body exceeds the {limit}-byte limit")
+        out: list[bytes] = []
+        while data:
+            decoder = zstandard.ZstdDecompressor().decompressobj()
+            out.append(decoder.decompress(data))
+            if not decoder.eof:
+                raise MalformedBody("zstd body is truncated")
+            data = decoder.unused_data
     except zstandard.ZstdError as exc:
         raise MalformedBody(f"body is not valid zstd: {exc}") from exc
-    if len(out) > limit:
-        raise BodyTooLarge(f"decompressed body exceeds the {limit}-byte limit")
-    return out
+    return b"".join(out)
 
 
 def decode_content(data: bytes, encoding: str | None, limit: int) -> bytes:
