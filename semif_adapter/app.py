@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import __version__
 from .body import read_body
 from .errors import DecisionValidationError, SemifError, UnsupportedMediaType
+from .framing import AmbiguousFramingGuard
 from .json_reader import JsonError, read_json
 from .metrics import Metrics
 from .protocol import (
@@ -139,6 +140,7 @@ def create_app(
     app.state.settings = settings
     app.state.service = service
     app.state.metrics = metrics
+    app.add_middleware(AmbiguousFramingGuard)
 
     # --- middleware: request id, one structured log line, metrics ----------------------------
     @app.middleware("http")

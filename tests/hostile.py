@@ -31,8 +31,8 @@ MAX_BODY = 6 * 1024 * 1024  # the default SEMIF_MAX_BODY_BYTES
 # JSON text fragments that break one reader limit each; used as a decision's ``state`` and elsewhere.
 POISONS: dict[str, bytes] = {
     "nesting 100k": b"[" * 100_000 + b"]" * 100_000,
-    "nesting over the limit": b"[" * 70 + b"]" * 70,
-    "nesting in objects": b'{"a":' * 70 + b"1" + b"}" * 70,
+    "nesting over the limit": b"[" * 300 + b"]" * 300,  # deeper than any SEMIF_MAX_JSON_DEPTH
+    "nesting in objects": b'{"a":' * 300 + b"1" + b"}" * 300,
     "5000-digit integer": b"1" * 5000,
     "integer over 64 bits": b"18446744073709551616",
     "negative integer under 64 bits": b"-9223372036854775809",
@@ -304,45 +304,46 @@ def exchange(
     *,
     expect: int = 1,
     shutdown_write: bool = False,
-    hold_open_s: float = 0.0,
+    wait_close_s: float = 0.0,
     timeout: float = 30.0,
 ) -> Exchange:
-    """Send raw bytes, then read until ``expect`` responses arrived, the server closed, or ``timeout``.
+    """Send raw bytes, then read until ``expect`` responses arrived or the server closed.
 
-    ``hold_open_s`` keeps the write side open that long after sending (a body that stops halfway);
-    ``shutdown_write`` then half-closes it (a client that gave up). Raises on a hang.
+    ``shutdown_write`` half-closes our side after sending (a client that gave up mid-body);
+    ``wait_close_s`` then keeps reading that long to see whether the server closes the connection.
+    No answer within ``timeout`` is a hang, and fails.
     """
     host, port = host_port(url)
+    data = b""
+    closed = False
     with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.sendall(payload)
-        if hold_open_s:
-            time.sleep(hold_open_s)
         if shutdown_write:
             sock.shutdown(socket.SHUT_WR)
-        data = b""
         deadline = time.monotonic() + timeout
-        closed = False
-        while len(parse_responses(data)) < expect:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        while not closed and len(parse_responses(data)) < expect:
+            if time.monotonic() > deadline:
                 raise AssertionError(f"no answer within {timeout} s (a hang); got {data[:300]!r}")
-            sock.settimeout(remaining)
-            try:
-                chunk = sock.recv(65536)
-            except ConnectionResetError:
-                closed = True
-                break
-            except TimeoutError:
-                continue
-            if not chunk:
-                closed = True
-                break
-            data += chunk
+            data, closed = _receive(sock, data, deadline)
+        close_deadline = time.monotonic() + wait_close_s
+        while not closed and time.monotonic() < close_deadline:
+            data, closed = _receive(sock, data, close_deadline)
     return Exchange(parse_responses(data), closed, data)
 
 
+def _receive(sock: socket.socket, data: bytes, deadline: float) -> tuple[bytes, bool]:
+    sock.settimeout(max(0.01, deadline - time.monotonic()))
+    try:
+        chunk = sock.recv(65536)
+    except ConnectionResetError:
+        return data, True
+    except TimeoutError:
+        return data, False
+    return data + chunk, not chunk
+
+
 def parse_responses(data: bytes) -> list[tuple[int, bytes]]:
-    """Complete HTTP/1.1 responses (Content-Length framed, as uvicorn frames JSON) in ``data``."""
+    """Complete HTTP/1.1 responses in ``data``: Content-Length framed (the app's) or chunked (h11's 400)."""
     responses: list[tuple[int, bytes]] = []
     while True:
         head_end = data.find(b"\r\n\r\n")
@@ -352,13 +353,36 @@ def parse_responses(data: bytes) -> list[tuple[int, bytes]]:
         match = STATUS_LINE.match(head)
         if match is None:
             raise AssertionError(f"not an HTTP response: {data[:200]!r}")
-        length = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
-        size = int(length.group(1)) if length else 0
-        end = head_end + 4 + size
-        if len(data) < end:
-            return responses
-        responses.append((int(match.group(1)), data[head_end + 4 : end]))
-        data = data[end:]
+        rest = data[head_end + 4 :]
+        if re.search(rb"(?im)^transfer-encoding:\s*chunked\s*$", head):
+            parsed = _dechunk(rest)
+            if parsed is None:
+                return responses
+            body, data = parsed
+        else:
+            length = re.search(rb"(?im)^content-length:\s*(\d+)\s*$", head)
+            size = int(length.group(1)) if length else 0
+            if len(rest) < size:
+                return responses
+            body, data = rest[:size], rest[size:]
+        responses.append((int(match.group(1)), body))
+
+
+def _dechunk(data: bytes) -> tuple[bytes, bytes] | None:
+    """(body, what follows) of a complete chunked body, or None while it is incomplete."""
+    body = b""
+    while True:
+        line_end = data.find(b"\r\n")
+        if line_end < 0:
+            return None
+        size = int(data[:line_end].split(b";")[0], 16)
+        chunk_end = line_end + 2 + size
+        if len(data) < chunk_end + 2:
+            return None
+        body += data[line_end + 2 : chunk_end]
+        data = data[chunk_end + 2 :]
+        if size == 0:
+            return body, data
 
 
 def request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
