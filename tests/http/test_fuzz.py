@@ -6,6 +6,7 @@ what only a real socket can send: broken HTTP framing.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ from support import engine_settings
 
 from semif_adapter.app import create_app
 from semif_adapter.engine import DecisionEngine
+from semif_adapter.framing import AmbiguousFramingGuard
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -226,3 +228,29 @@ def test_same_answer_after_hostile_input(client: TestClient, baseline: list[floa
     assert client.get("/ping").status_code == 200
     response = client.post("/invocations", json={"decision": DECISION})
     assert response.json()["result"]["probabilities"] == baseline
+
+
+def test_framing_guard_answers_in_each_paths_shape_and_passes_the_rest() -> None:
+    reached: list[str] = []
+
+    async def inner(scope: dict, receive: object, send: object) -> None:
+        reached.append(scope["path"])
+
+    async def call(path: str, headers: list[tuple[bytes, bytes]]) -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
+        await AmbiguousFramingGuard(inner)(scope, None, send)  # type: ignore[arg-type]
+        return sent
+
+    both = [(b"transfer-encoding", b"chunked"), (b"Content-Length", b"4")]
+    for path, shape in (("/invocations", "error"), ("/v1/systemone", "detail")):
+        start, body = asyncio.run(call(path, both))
+        assert start["status"] == 400 and (b"connection", b"close") in start["headers"]
+        assert shape in json.loads(body["body"])
+    assert not reached
+    asyncio.run(call("/invocations", [(b"content-length", b"4")]))
+    assert reached == ["/invocations"]
