@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import engine_settings
 
-from semif_adapter.app import create_app
+from semif_adapter.app import _numbered_lines, create_app
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.framing import AmbiguousFramingGuard
 
@@ -254,3 +254,22 @@ def test_framing_guard_answers_in_each_paths_shape_and_passes_the_rest() -> None
     assert not reached
     asyncio.run(call("/invocations", [(b"content-length", b"4")]))
     assert reached == ["/invocations"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    body=st.lists(st.sampled_from([b"a", b"{}", b" ", b"\t", b"\n", b"\r", b"\r\n"]), max_size=30).map(
+        b"".join
+    )
+)
+def test_jsonlines_are_numbered_as_splitlines_numbers_them(body: bytes) -> None:
+    expected = [(number, line) for number, line in enumerate(body.splitlines(), start=1) if line.strip()]
+    assert list(_numbered_lines(body)) == expected
+
+
+def test_many_or_blank_jsonlines_are_refused_before_parsing(client: TestClient) -> None:
+    response = client.post("/invocations", content=b"{}\n" * 1_000_000, headers=JSONL)
+    assert response.status_code == 400 and "more than 64 lines" in response.json()["error"]
+    for blank in (b"\n" * 6_000_000, b"\r\n \t" * 1_000_000):
+        response = client.post("/invocations", content=blank, headers=JSONL)
+        assert response.status_code == 400 and response.json()["error"] == "jsonlines body has no decisions"
