@@ -141,6 +141,7 @@ class Encoded:
     body: bytes
     encoding: str
     status: int  # what the decision API must answer
+    needle: str = ""  # and what its message must say
 
 
 @cache
@@ -159,10 +160,10 @@ def encoded_bodies() -> dict[str, Encoded]:
     return {
         "gzip bomb": Encoded(_gzip_bomb(), "gzip", 413),
         "zstd bomb": Encoded(zstandard.ZstdCompressor(level=3).compress(_bomb_source()), "zstd", 413),
-        "gzip truncated": Encoded(gzipped[: len(gzipped) // 2], "gzip", 400),
-        "gzip missing its trailer": Encoded(gzipped[:-8], "gzip", 400),
-        "zstd truncated": Encoded(zstded[: len(zstded) // 2], "zstd", 400),
-        "zstd streamed frame truncated": Encoded(streamed[: len(streamed) - 3], "zstd", 400),
+        "gzip truncated": Encoded(gzipped[: len(gzipped) // 2], "gzip", 400, "truncated"),
+        "gzip missing its trailer": Encoded(gzipped[:-8], "gzip", 400, "truncated"),
+        "zstd truncated": Encoded(zstded[: len(zstded) // 2], "zstd", 400, "truncated"),
+        "zstd streamed frame truncated": Encoded(streamed[: len(streamed) - 3], "zstd", 400, "truncated"),
         "gzip then garbage": Encoded(gzip.compress(valid) + b"garbage", "gzip", 400),
         "plain body labelled gzip": Encoded(valid, "gzip", 400),
         "plain body labelled zstd": Encoded(valid, "zstd", 400),
@@ -173,7 +174,17 @@ def encoded_bodies() -> dict[str, Encoded]:
         "br": Encoded(valid, "br", 415),
         "unknown coding": Encoded(valid, "x-hostile", 415),
         "gzip of a deep document": Encoded(gzip.compress(POISONS["nesting 100k"]), "gzip", 400),
+        "300,000 empty gzip members": Encoded(_many(gzip.compress(b"")), "gzip", 400, "more than 1024"),
+        "700,000 empty zstd frames": Encoded(
+            _many(zstandard.ZstdCompressor().compress(b"")), "zstd", 400, "more than 1024"
+        ),
+        "empty body labelled gzip": Encoded(b"", "gzip", 400),
     }
+
+
+def _many(part: bytes) -> bytes:
+    """As many copies of a tiny part as fit the body limit: linear work, refused past 1024 parts."""
+    return part * ((MAX_BODY - 1024) // len(part))
 
 
 def _gzip_bomb() -> bytes:

@@ -274,6 +274,7 @@ def test_live_hostile_encodings_are_4xx(http: httpx.Client, name: str) -> None:
         "/invocations", content=case.body, headers={**JSON, "Content-Encoding": case.encoding}
     )
     check_decision_refusal(response.status_code, response.json(), case.status)
+    assert case.needle in response.json()["error"]
 
 
 @pytest.mark.parametrize("name", sorted(multi_part_jsonlines()))

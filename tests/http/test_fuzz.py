@@ -198,6 +198,7 @@ def test_hostile_encodings_get_their_4xx_on_both_apis(client: TestClient, name: 
     headers = {**JSON, "Content-Encoding": case.encoding}
     response = client.post("/invocations", content=case.body, headers=headers)
     check_decision_refusal(response.status_code, response.json(), case.status)
+    assert case.needle in response.json()["error"]
     response = client.post("/v1/systemone", content=case.body, headers=headers)
     check_systemone_refusal(response.status_code, response.json())
     assert response.status_code == (422 if case.status == 400 and "deep" in name else case.status)
