@@ -7,10 +7,9 @@ render. Every error is JSON with a stable ``type``; a caller's mistake is always
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,9 +23,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .body import read_body
+from .decision_json import numbered_lines, read_decision_json, refuse_counts, refuse_options
 from .errors import DecisionValidationError, SemifError, UnsupportedMediaType
 from .framing import AmbiguousFramingGuard
-from .json_reader import JsonError, read_json
 from .metrics import Metrics
 from .protocol import (
     Decision,
@@ -70,58 +69,6 @@ def _validation_error(exc: ValidationError, root: tuple[str | int, ...] = ()) ->
     first = exc.errors()[0]
     loc = root + tuple(first["loc"])
     return DecisionValidationError(first["msg"], loc=loc)
-
-
-def _parse_json(body: bytes, max_depth: int, line: int | None = None) -> Any:
-    """The shared JSON reader; its refusal becomes a 400 naming where (for JSON Lines, which line)."""
-    try:
-        return read_json(body, max_depth)
-    except JsonError as exc:
-        loc: tuple[str | int, ...] = (f"line {line}",) if line is not None else ()
-        if exc.line is None:
-            raise DecisionValidationError(exc.message, loc=loc + exc.path) from exc
-        where = f"line {line} column {exc.column}" if line is not None else exc.position
-        raise DecisionValidationError(exc.message, loc=(where,)) from exc
-
-
-def _refuse_counts(payload: dict[str, Any], settings: Settings) -> None:
-    """Count limits on the raw JSON, before schema validation (the engine checks them again):
-    validating half a million options only to refuse them would hold the event loop for seconds."""
-    decisions = payload.get("decisions")
-    many = decisions if isinstance(decisions, list) else []
-    if len(many) > settings.max_decisions:
-        raise DecisionValidationError(
-            f"{len(many)} decisions in one request; the limit is {settings.max_decisions}", loc=("decisions",)
-        )
-    _refuse_options(payload.get("decision"), settings, ("decision",))
-    for index, decision in enumerate(many):
-        _refuse_options(decision, settings, ("decisions", index))
-
-
-def _refuse_options(decision: Any, settings: Settings, loc: tuple[str | int, ...]) -> None:
-    options = decision.get("options") if isinstance(decision, dict) else None
-    if isinstance(options, list) and len(options) > settings.max_options:
-        raise DecisionValidationError(
-            f"{len(options)} options; the limit is {settings.max_options}", loc=(*loc, "options")
-        )
-
-
-_LINE = re.compile(rb"[^\r\n]+")
-
-
-def _numbered_lines(body: bytes) -> Iterator[tuple[int, bytes]]:
-    """Non-blank lines, numbered as ``bytes.splitlines`` splits (LF, CRLF or CR).
-
-    Blank runs are skipped by the regex engine, so 6 MB of newlines (cheap to send) is cheap to refuse.
-    """
-    number, last = 1, 0
-    for match in _LINE.finditer(body):
-        start = match.start()
-        number += body.count(b"\n", last, start) + body.count(b"\r", last, start)
-        number -= body.count(b"\r\n", last, start)
-        last = start
-        if not match.group().isspace():
-            yield number, match.group()
 
 
 def _media_type(request: Request) -> str:
@@ -267,7 +214,7 @@ def create_app(
             raise UnsupportedMediaType(
                 f"Content-Type {media_type!r} is not supported; use application/json or application/jsonlines"
             )
-        payload = _parse_json(body, settings.max_json_depth)
+        payload = read_decision_json(body, settings.max_json_depth)
         if (
             isinstance(payload, dict)
             and "questions" in payload
@@ -277,7 +224,7 @@ def create_app(
 
             return await answer_systemone_invocation(request, service, payload)
         if isinstance(payload, dict):
-            _refuse_counts(payload, settings)
+            refuse_counts(payload, settings)
         try:
             parsed = InvocationRequest.model_validate(payload)
         except ValidationError as exc:
@@ -303,7 +250,7 @@ def create_app(
 
     async def _jsonlines(request: Request, body: bytes) -> Response:
         lines: list[tuple[int, bytes]] = []
-        for numbered in _numbered_lines(body):
+        for numbered in numbered_lines(body):
             lines.append(numbered)
             if len(lines) > settings.max_decisions:  # refused before any line is parsed
                 raise DecisionValidationError(
@@ -311,10 +258,10 @@ def create_app(
                 )
         decisions: list[Decision] = []
         for number, line in lines:
-            payload = _parse_json(line, settings.max_json_depth, number)
+            payload = read_decision_json(line, settings.max_json_depth, number)
             if isinstance(payload, dict) and "decision" in payload and len(payload) == 1:
                 payload = payload["decision"]  # tolerate {"decision": {...}} per line
-            _refuse_options(payload, settings, (f"line {number}",))
+            refuse_options(payload, settings, (f"line {number}",))
             try:
                 decisions.append(Decision.model_validate(payload))
             except ValidationError as exc:

@@ -32,7 +32,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import engine_settings
 
-from semif_adapter.app import _numbered_lines, create_app
+from semif_adapter.app import create_app
+from semif_adapter.decision_json import numbered_lines
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.framing import AmbiguousFramingGuard
 
@@ -265,7 +266,7 @@ def test_framing_guard_answers_in_each_paths_shape_and_passes_the_rest() -> None
 )
 def test_jsonlines_are_numbered_as_splitlines_numbers_them(body: bytes) -> None:
     expected = [(number, line) for number, line in enumerate(body.splitlines(), start=1) if line.strip()]
-    assert list(_numbered_lines(body)) == expected
+    assert list(numbered_lines(body)) == expected
 
 
 def test_many_or_blank_jsonlines_are_refused_before_parsing(client: TestClient) -> None:
