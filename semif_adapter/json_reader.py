@@ -141,16 +141,17 @@ def _shorten(literal: str) -> str:
 
 
 def _decode(data: bytes) -> str:
-    if data.startswith(_BOM):
-        data = data[len(_BOM) :]
+    """Strict UTF-8; an error's position counts bytes of the body as sent (BOM included)."""
+    skip = len(_BOM) if data.startswith(_BOM) else 0
     try:
-        return data.decode("utf-8")
+        return data[skip:].decode("utf-8")
     except UnicodeDecodeError as exc:
-        prefix = data[: exc.start]
+        pos = skip + exc.start
+        prefix = data[:pos]
         line = prefix.count(b"\n") + 1
-        column = len(prefix) - (prefix.rfind(b"\n") + 1) + 1
+        column = pos - (prefix.rfind(b"\n") + 1) + 1
         raise JsonError(
-            f"not valid UTF-8 (byte {exc.start}: {exc.reason})", line=line, column=column, pos=exc.start
+            f"not valid UTF-8 (byte {pos}: {exc.reason})", line=line, column=column, pos=pos
         ) from exc
 
 

@@ -111,6 +111,9 @@ def test_number_range_edges() -> None:
 def test_encoding_rules() -> None:
     assert read_json(b'\xef\xbb\xbf{"a": "\xc3\xa9\\ud83d\\ude00"}') == {"a": "é😀"}
     assert read_json(b'"\\\\u0000"') == "\\u0000"  # an escaped backslash, not a NUL
+    with pytest.raises(JsonError, match="byte 8") as info:  # counted from the start, BOM included
+        read_json(b'\xef\xbb\xbf[1,\n"\xff"]')
+    assert (info.value.line, info.value.column) == (2, 2)
     with pytest.raises(JsonError, match="UTF-8 BOM"):
         read_json(b"\xef\xbb\xbf\xef\xbb\xbf[]")
     with pytest.raises(JsonError, match="not valid UTF-8") as info:
