@@ -6,7 +6,6 @@ render. Every error is JSON with a stable ``type``; a caller's mistake is always
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -24,7 +23,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import __version__
 from .body import read_body
+from .decision_json import numbered_lines, read_decision_json, refuse_counts, refuse_options
 from .errors import DecisionValidationError, SemifError, UnsupportedMediaType
+from .framing import AmbiguousFramingGuard
 from .metrics import Metrics
 from .protocol import (
     Decision,
@@ -70,17 +71,6 @@ def _validation_error(exc: ValidationError, root: tuple[str | int, ...] = ()) ->
     return DecisionValidationError(first["msg"], loc=loc)
 
 
-def _parse_json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except UnicodeDecodeError as exc:
-        raise DecisionValidationError("request body is not UTF-8 text") from exc
-    except json.JSONDecodeError as exc:
-        raise DecisionValidationError(
-            f"malformed JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        ) from exc
-
-
 def _media_type(request: Request) -> str:
     return request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
 
@@ -116,6 +106,7 @@ def create_app(
     app.state.settings = settings
     app.state.service = service
     app.state.metrics = metrics
+    app.add_middleware(AmbiguousFramingGuard)
 
     # --- middleware: request id, one structured log line, metrics ----------------------------
     @app.middleware("http")
@@ -223,7 +214,7 @@ def create_app(
             raise UnsupportedMediaType(
                 f"Content-Type {media_type!r} is not supported; use application/json or application/jsonlines"
             )
-        payload = _parse_json(body)
+        payload = read_decision_json(body, settings.max_json_depth)
         if (
             isinstance(payload, dict)
             and "questions" in payload
@@ -232,6 +223,8 @@ def create_app(
             from .systemone import answer_systemone_invocation
 
             return await answer_systemone_invocation(request, service, payload)
+        if isinstance(payload, dict):
+            refuse_counts(payload, settings)
         try:
             parsed = InvocationRequest.model_validate(payload)
         except ValidationError as exc:
@@ -256,23 +249,25 @@ def create_app(
         return JSONResponse(content)
 
     async def _jsonlines(request: Request, body: bytes) -> Response:
+        lines: list[tuple[int, bytes]] = []
+        for numbered in numbered_lines(body):
+            lines.append(numbered)
+            if len(lines) > settings.max_decisions:  # refused before any line is parsed
+                raise DecisionValidationError(
+                    f"more than {settings.max_decisions} lines (SEMIF_MAX_DECISIONS); send them in batches"
+                )
         decisions: list[Decision] = []
-        for number, line in enumerate(body.splitlines(), start=1):
-            if not line.strip():
-                continue
-            payload = _parse_json(line)
+        for number, line in lines:
+            payload = read_decision_json(line, settings.max_json_depth, number)
             if isinstance(payload, dict) and "decision" in payload and len(payload) == 1:
                 payload = payload["decision"]  # tolerate {"decision": {...}} per line
+            refuse_options(payload, settings, (f"line {number}",))
             try:
                 decisions.append(Decision.model_validate(payload))
             except ValidationError as exc:
                 raise _validation_error(exc, (f"line {number}",)) from exc
         if not decisions:
             raise DecisionValidationError("jsonlines body has no decisions")
-        if len(decisions) > settings.max_decisions:
-            raise DecisionValidationError(
-                f"{len(decisions)} lines; the limit is {settings.max_decisions} (SEMIF_MAX_DECISIONS)"
-            )
         # Lines about the same state share one prefill; determinism makes grouping invisible.
         groups: dict[str, list[int]] = {}
         for index, decision in enumerate(decisions):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Callable
+from typing import Protocol
 
 import zstandard
 from starlette.requests import ClientDisconnect, Request
@@ -50,28 +52,79 @@ async def _read_raw(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+MAX_PARTS = 1024  # gzip members / zstd frames per body; senders concatenate a few, not thousands
+_WINDOW = 64 * 1024  # compressed bytes fed per call: bounds what each part's leftover input copies
+
+
+class _Decoder(Protocol):
+    eof: bool
+    unused_data: bytes
+
+
+def _each_part(
+    data: bytes,
+    limit: int,
+    name: str,
+    new_decoder: Callable[[], _Decoder],
+    decompress: Callable[[_Decoder, memoryview, int], bytes],
+) -> bytes:
+    """Decode every part (member or frame) in turn; a cut-off part is an error, never a shorter body.
+
+    Input goes in windows so that a body of many tiny parts costs linear, not quadratic, copying;
+    ``decompress`` gets the output budget left (``limit - produced + 1``) and may stop there.
+    """
+    view = memoryview(data)
+    out: list[bytes] = []
+    size = pos = parts = 0
+    while parts == 0 or pos < len(data):
+        parts += 1
+        if parts > MAX_PARTS:
+            raise MalformedBody(f"{name} body has more than {MAX_PARTS} members/frames")
+        decoder = new_decoder()
+        while not decoder.eof:
+            if pos >= len(data):
+                raise MalformedBody(f"{name} body is truncated")
+            window = view[pos : pos + _WINDOW]
+            piece = decompress(decoder, window, limit - size + 1)
+            size += len(piece)
+            if size > limit:
+                raise BodyTooLarge(f"decompressed body exceeds the {limit}-byte limit")
+            out.append(piece)
+            pos += len(window) - (len(decoder.unused_data) if decoder.eof else 0)
+    return b"".join(out)
+
+
 def _gunzip(data: bytes, limit: int) -> bytes:
-    decoder = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
     try:
-        out = decoder.decompress(data, limit + 1)
+        return _each_part(
+            data,
+            limit,
+            "gzip",
+            lambda: zlib.decompressobj(wbits=16 + zlib.MAX_WBITS),
+            lambda decoder, window, budget: decoder.decompress(window, budget),  # type: ignore[attr-defined]
+        )
     except zlib.error as exc:
         raise MalformedBody(f"body is not valid gzip: {exc}") from exc
-    if len(out) > limit:
-        raise BodyTooLarge(f"decompressed body exceeds the {limit}-byte limit")
-    if not decoder.eof:
-        raise MalformedBody("gzip body is truncated")
-    return out
 
 
 def _unzstd(data: bytes, limit: int) -> bytes:
-    reader = zstandard.ZstdDecompressor().stream_reader(data)
+    """zstd's frame decoder has no output cap, so a bounded read across all frames comes first (bombs)."""
     try:
-        out = reader.read(limit + 1)
+        reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
+        produced = 0
+        while chunk := reader.read(limit + 1 - produced):
+            produced += len(chunk)
+            if produced > limit:
+                raise BodyTooLarge(f"decompressed body exceeds the {limit}-byte limit")
+        return _each_part(
+            data,
+            limit,
+            "zstd",
+            lambda: zstandard.ZstdDecompressor().decompressobj(),
+            lambda decoder, window, _: decoder.decompress(window),  # type: ignore[attr-defined]
+        )
     except zstandard.ZstdError as exc:
         raise MalformedBody(f"body is not valid zstd: {exc}") from exc
-    if len(out) > limit:
-        raise BodyTooLarge(f"decompressed body exceeds the {limit}-byte limit")
-    return out
 
 
 def decode_content(data: bytes, encoding: str | None, limit: int) -> bytes:

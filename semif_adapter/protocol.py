@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
+MAX_ID_CHARS = 1024  # a decision id is echoed back, never read by the model: no reason for megabytes
 QuestionType = Literal["choice", "noul", "score"]
 
 
@@ -32,7 +33,7 @@ class Decision(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    id: NonEmptyStr
+    id: Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]
     state: str | dict[str, Any] | list[Any] = Field(
         description="Unstructured state: text, or a JSON object/array rendered as compact JSON."
     )

@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     max_queue: int = Field(default=0, ge=0, le=1024, description="Requests allowed to wait for the engine.")
     max_body_bytes: int = Field(default=6 * 1024 * 1024, ge=1024, description="Request body limit (decoded).")
     body_timeout_s: float = Field(default=10.0, gt=0, description="Time allowed to receive a request body.")
+    max_json_depth: int = Field(
+        default=64,
+        ge=2,
+        le=256,
+        description="Nesting limit for JSON bodies: arrays/objects, the top level counting as one.",
+    )
     retry_after_s: int = Field(default=1, ge=0, description="Retry-After on 503 busy responses.")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

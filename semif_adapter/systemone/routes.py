@@ -123,7 +123,7 @@ async def systemone(request: Request) -> Response:
     try:
         check_bearer(request.headers.get("authorization"), settings.api_key)
         service = _service(request)
-        payload = parse_json_body(await read_body(request, settings))
+        payload = parse_json_body(await read_body(request, settings), settings.max_json_depth)
     except Exception as exc:
         return systemone_error_response(exc, settings.retry_after_s)
     return await respond(request, service, payload)

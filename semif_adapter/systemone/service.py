@@ -7,7 +7,6 @@ All questions of a request become decisions about the same state and go to the e
 from __future__ import annotations
 
 import hmac
-import json
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -20,6 +19,7 @@ from semif_adapter.errors import (
     SemifError,
     TokenBudgetExceeded,
 )
+from semif_adapter.json_reader import DEFAULT_MAX_DEPTH, JsonError, read_json
 from semif_adapter.protocol import BatchResult, Decision
 from semif_adapter.settings import Settings
 from semif_adapter.systemone.answers import answer_for
@@ -58,25 +58,22 @@ def is_systemone_payload(payload: object) -> bool:
     )
 
 
-def parse_json_body(body: bytes) -> Any:
-    """JSON as FastAPI would report it: a 422 ``json_invalid`` at ``["body", position]``.
+def parse_json_body(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
+    """The shared JSON reader, its refusal as FastAPI would report it: a 422 ``json_invalid``.
 
-    NaN/Infinity are refused here: they are not JSON and could not be echoed back in a legend.
+    ``loc`` is ``["body", position]`` for text that does not parse, ``["body", *path]`` for a value
+    that breaks a limit (duplicate key, number size, NaN, nesting, NUL, lone surrogate).
     """
-
-    def _refuse_constant(name: str) -> None:
-        raise ValueError(f"{name} is not valid JSON")
-
     try:
-        return json.loads(body, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as error:
-        raise SystemOneValidationError.single(
-            ["body", error.pos], f"JSON decode error: {error.msg}", "json_invalid"
-        ) from error
-    except (ValueError, RecursionError) as error:
-        raise SystemOneValidationError.single(
-            ["body"], f"JSON decode error: {error}", "json_invalid"
-        ) from error
+        return read_json(body, max_depth)
+    except JsonError as error:
+        if error.line is None:
+            loc: list[LocPart] = ["body", *error.path]
+            msg = f"JSON decode error: {error.message}"
+        else:
+            loc = ["body", error.pos or 0]
+            msg = f"JSON decode error: {error.message} at {error.position}"
+        raise SystemOneValidationError.single(loc, msg, "json_invalid") from error
 
 
 def check_bearer(authorization: str | None, api_key: str | None) -> None:
@@ -96,6 +93,14 @@ def accepted_model_names(served_model_name: str, aliases: Iterable[str]) -> list
 
 def parse_request(payload: Any, settings: Settings, served_model_name: str) -> SystemOneRequest:
     """Validate the body and every limit that does not need the model, before any engine work."""
+    questions = payload.get("questions") if isinstance(payload, dict) else None
+    if isinstance(questions, dict) and len(questions) > settings.max_decisions:
+        # Before validating them all, which takes seconds for a body of half a million questions.
+        raise SystemOneValidationError.single(
+            ["body", "questions"],
+            f"at most {settings.max_decisions} questions per request (got {len(questions)})",
+            "too_long",
+        )
     try:
         request = SystemOneRequest.model_validate(payload)
     except ValidationError as error:
@@ -110,12 +115,6 @@ def parse_request(payload: Any, settings: Settings, served_model_name: str) -> S
     if request.assets:
         raise SystemOneValidationError.single(
             ["body", "assets"], "image assets need an image model; this server serves text models only"
-        )
-    if len(request.questions) > settings.max_decisions:
-        raise SystemOneValidationError.single(
-            ["body", "questions"],
-            f"at most {settings.max_decisions} questions per request (got {len(request.questions)})",
-            "too_long",
         )
     content_text(request.state, ["body", "state"])
     return request

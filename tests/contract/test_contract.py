@@ -14,6 +14,25 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from hostile import (
+    DECISION,
+    POISONS,
+    check_decision_refusal,
+    check_systemone_refusal,
+    decision_body,
+    encoded_bodies,
+    exchange,
+    framing_cases,
+    jsonlines_body,
+    multi_part_jsonlines,
+    poisoned_documents,
+    request,
+    systemone_body,
+    systemone_whole_bodies,
+    whole_bodies,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support import LiveServer
 
 STATE = (
@@ -198,3 +217,131 @@ def test_ping_answers_while_the_engine_is_busy(http: httpx.Client, live_server: 
         assert future.result() == 200
     assert pings and set(pings) == {200}
     assert not finished.is_set() or len(pings) >= 1
+
+
+# --- hostile input against the real process (cases shared with tests/http/test_fuzz.py) ----------------
+#
+# What answers each framing case, as seen with uvicorn's h11 parser: conflicting or non-numeric
+# Content-Length, bad chunk sizes, headers over h11's 16 KiB incomplete-event limit, header lines
+# without a colon or with NUL, and a garbage request line get h11's own plain-text 400 and the
+# connection is closed. Transfer-Encoding together with Content-Length is accepted by h11, so the app
+# refuses it (semif_adapter/framing.py: JSON 400 and Connection: close). 5,000 small headers that
+# arrive in one read pass h11 and reach the app, which answers the (deliberately bad) body with a 400.
+
+JSON = {"Content-Type": "application/json"}
+JSONL = {"Content-Type": "application/jsonlines"}
+
+
+@pytest.fixture(scope="module")
+def fixed_probabilities(http: httpx.Client) -> list[float]:
+    response = http.post("/invocations", json={"decision": DECISION})
+    assert response.status_code == 200, response.text
+    return response.json()["result"]["probabilities"]
+
+
+@pytest.mark.parametrize("name", sorted(POISONS))
+def test_live_hostile_json_is_4xx_on_every_path(
+    http: httpx.Client, fixed_probabilities: list[float], name: str
+) -> None:
+    poison = POISONS[name]
+    response = http.post("/invocations", content=decision_body(poison), headers=JSON)
+    check_decision_refusal(response.status_code, response.json(), 400)
+    response = http.post("/invocations", content=jsonlines_body(poison), headers=JSONL)
+    check_decision_refusal(response.status_code, response.json(), 400)
+    assert response.json()["error"].startswith("line 3"), response.json()
+    response = http.post("/v1/systemone", content=systemone_body(poison), headers=JSON)
+    check_systemone_refusal(response.status_code, response.json())
+    assert response.status_code == 422
+
+
+@pytest.mark.parametrize("name", sorted(whole_bodies()))
+def test_live_hostile_decision_bodies_are_4xx(http: httpx.Client, name: str) -> None:
+    response = http.post("/invocations", content=whole_bodies()[name], headers=JSON)
+    check_decision_refusal(response.status_code, response.json())
+
+
+@pytest.mark.parametrize("name", sorted(systemone_whole_bodies()))
+def test_live_hostile_systemone_bodies_are_422(http: httpx.Client, name: str) -> None:
+    response = http.post("/v1/systemone", content=systemone_whole_bodies()[name], headers=JSON)
+    check_systemone_refusal(response.status_code, response.json())
+    assert response.status_code == 422
+
+
+@pytest.mark.parametrize("name", sorted(encoded_bodies()))
+def test_live_hostile_encodings_are_4xx(http: httpx.Client, name: str) -> None:
+    case = encoded_bodies()[name]
+    response = http.post(
+        "/invocations", content=case.body, headers={**JSON, "Content-Encoding": case.encoding}
+    )
+    check_decision_refusal(response.status_code, response.json(), case.status)
+    assert case.needle in response.json()["error"]
+
+
+@pytest.mark.parametrize("name", sorted(multi_part_jsonlines()))
+def test_live_every_gzip_member_and_zstd_frame_is_read(http: httpx.Client, name: str) -> None:
+    body, encoding = multi_part_jsonlines()[name]
+    response = http.post("/invocations", content=body, headers={**JSONL, "Content-Encoding": encoding})
+    assert response.status_code == 200, response.text
+    assert [json.loads(row)["id"] for row in response.text.splitlines()] == ["fixed", "second"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=poisoned_documents(), path=st.sampled_from(["decision", "jsonlines", "systemone"]))
+def test_live_poison_anywhere_is_4xx(live_server: LiveServer, case: tuple[bytes, str], path: str) -> None:
+    document, _ = case
+    with httpx.Client(base_url=live_server.url, timeout=60) as client:
+        if path == "systemone":
+            response = client.post("/v1/systemone", content=systemone_body(document), headers=JSON)
+            check_systemone_refusal(response.status_code, response.json())
+            return
+        build, headers = (decision_body, JSON) if path == "decision" else (jsonlines_body, JSONL)
+        response = client.post("/invocations", content=build(document), headers=headers)
+        check_decision_refusal(response.status_code, response.json(), 400)
+
+
+@pytest.mark.parametrize("name", sorted(framing_cases()))
+def test_live_broken_framing_is_4xx_or_closed(live_server: LiveServer, name: str) -> None:
+    answer = exchange(live_server.url, framing_cases()[name], wait_close_s=1)
+    assert answer.responses or answer.closed, answer.raw[:300]
+    assert all(400 <= status < 500 for status, _ in answer.responses), answer.raw[:300]
+
+
+def test_live_transfer_encoding_with_content_length_is_refused_and_closed(live_server: LiveServer) -> None:
+    answer = exchange(
+        live_server.url, framing_cases()["Content-Length and Transfer-Encoding"], wait_close_s=5
+    )
+    [(status, body)] = answer.responses
+    assert status == 400 and "Transfer-Encoding" in json.loads(body)["error"]
+    assert answer.closed, "the connection must close after an ambiguously framed request"
+
+
+def test_live_pipelined_requests_are_answered_in_order(live_server: LiveServer) -> None:
+    good = request("POST", "/invocations", json.dumps({"decision": DECISION}).encode())
+    bad = request("POST", "/invocations", b'{"decision": {"id": "x", "id": "y"}}')
+    ping = request("GET", "/ping")
+    answer = exchange(live_server.url, bad + ping + good + bad, expect=4, timeout=120)
+    assert [status for status, _ in answer.responses] == [400, 200, 200, 400]
+    assert "duplicate key 'id'" in json.loads(answer.responses[0][1])["error"]
+    assert json.loads(answer.responses[2][1])["result"]["id"] == "fixed"
+
+
+def test_live_body_that_stops_halfway(live_server: LiveServer) -> None:
+    body = json.dumps({"decision": DECISION}).encode()
+    half = request("POST", "/invocations", body)[: -len(body) // 2]
+    gave_up = exchange(live_server.url, half, shutdown_write=True, wait_close_s=5)
+    assert gave_up.closed and all(400 <= status < 500 for status, _ in gave_up.responses)
+    # A client that stalls: 408 once SEMIF_BODY_TIMEOUT_S (10 s by default) has passed.
+    stalled = exchange(live_server.url, half, timeout=90)
+    [(status, answer)] = stalled.responses
+    assert status == 408 and json.loads(answer)["type"] == "request_timeout"
+
+
+def test_live_same_answer_after_hostile_input(
+    http: httpx.Client, live_server: LiveServer, fixed_probabilities: list[float]
+) -> None:
+    assert http.get("/ping").status_code == 200
+    response = http.post("/invocations", json={"decision": DECISION})
+    assert response.json()["result"]["probabilities"] == fixed_probabilities
+    if live_server.process is not None:  # our own process: nothing above may have logged an error
+        errors = [line for line in live_server.log_text().splitlines() if '"level": "error"' in line]
+        assert not errors, errors[:3]

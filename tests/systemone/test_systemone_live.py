@@ -179,9 +179,10 @@ def test_bad_requests_are_422_with_a_loc_and_leave_the_server_healthy(s1):
     head = b'{"model": "jev-latest", "state": "s", '
     cases = {
         head + b'"questions": {': ["body", len(head) + 14],
-        b'{"model": "jev-latest", "state": NaN, "questions": {"a": {"type": "noul"}}}': ["body"],
+        # The shared JSON reader names the raw JSON path of a value it refuses.
+        b'{"model": "jev-latest", "state": NaN, "questions": {"a": {"type": "noul"}}}': ["body", "state"],
         head + b'"questions": {"a": {"type": "noul", "instructions": "\\ud800"}}}': [
-            *("body", "questions", "a", "noul", "instructions")
+            *("body", "questions", "a", "instructions")
         ],
         head + b'"questions": {"a": {"type": "box", "instructions": "dog"}}}': [
             "body",
