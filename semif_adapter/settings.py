@@ -63,6 +63,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=6 * 1024 * 1024, ge=1024, description="Request body limit (decoded).")
     body_timeout_s: float = Field(default=10.0, gt=0, description="Time allowed to receive a request body.")
     retry_after_s: int = Field(default=1, ge=0, description="Retry-After on 503 busy responses.")
+    request_timeout_s: float = Field(
+        default=55.0,
+        ge=0,
+        description="Deadline per request from arrival (under SageMaker's 60 s); 0 = none. "
+        "A request may shorten it with the X-Semif-Timeout-S header.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     # --- Jev / System One compatibility -----------------------------------------------------
