@@ -19,7 +19,7 @@ from semif_adapter.throughput import Throughput
 
 LONG_STATE = " ".join(
     f"Ticket {i} from the {['north', 'south', 'east', 'west'][i % 4]} office was escalated twice."
-    for i in range(80)
+    for i in range(90)
 )
 
 
