@@ -91,6 +91,7 @@ def _kinds() -> dict[str, tuple[str, bytes, dict[str, str], set[int]]]:
     }
 
 
+KINDS = _kinds()
 MIX = ["single", "shared", "jsonlines", "single", "systemone", "malformed", "shared", "over_deadline"]
 
 
@@ -159,7 +160,7 @@ def server_stats(pid: int) -> dict[str, int]:
 
 
 def post(client: httpx.Client, url: str, kind: str) -> Sample:
-    path, body, headers, _ = _kinds()[kind]
+    path, body, headers, _ = KINDS[kind]
     started = time.perf_counter()
     response = client.post(url + path, content=body, headers=headers)
     elapsed = time.perf_counter() - started
@@ -185,11 +186,13 @@ def fixed_probabilities(url: str) -> list[float]:
     raise SystemExit("the fixed decision never got a 200")
 
 
-def client_loop(url: str, index: int, stop_at: float, busy_pause_s: float, results: Results) -> None:
+def client_loop(
+    url: str, mix: list[str], index: int, stop_at: float, busy_pause_s: float, results: Results
+) -> None:
     position = index  # clients start at different points of the mix
     with httpx.Client(timeout=120) as client:
         while time.monotonic() < stop_at:
-            kind = MIX[position % len(MIX)]
+            kind = mix[position % len(mix)]
             position += 1
             try:
                 sample = post(client, url, kind)
@@ -235,7 +238,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     gguf = Path(args.gguf) if args.gguf else ensure_model(args.model)
     log_path = Path(args.server_log)
     process, url = start_server(gguf, log_path, args.threads)
-    kinds = _kinds()
+    kinds = {kind: KINDS[kind] for kind in args.kinds.split(",")}
+    mix = [kind for kind in MIX if kind in kinds]
     try:
         # Prime every path once (lazy imports, first allocations) before the start figures.
         with httpx.Client(timeout=120) as client:
@@ -249,7 +253,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stop_at = time.monotonic() + args.duration
         clients = [
             threading.Thread(
-                target=client_loop, args=(url, i, stop_at, args.busy_pause, results), daemon=True
+                target=client_loop, args=(url, mix, i, stop_at, args.busy_pause, results), daemon=True
             )
             for i in range(args.clients)
         ]
@@ -377,6 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="gemma", help="embedded demo model (default gemma)")
     parser.add_argument("--gguf", help="serve this GGUF instead of a demo model")
     parser.add_argument("--threads", type=int, help="SEMIF_N_THREADS for the server")
+    parser.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help="comma-separated request kinds to send (default: all of " + ", ".join(KINDS) + ")",
+    )
     parser.add_argument("--busy-pause", type=float, default=0.05, help="client pause after a 503 (s)")
     parser.add_argument(
         "--enforce", choices=("all", "hard"), default="all", help="which goals set the exit code"
