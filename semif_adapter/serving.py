@@ -195,6 +195,11 @@ class DecisionService:
     async def _admit(
         self, fn: Callable[[Deadline | None], list[BatchResult]]
     ) -> tuple[list[BatchResult], float, float]:
+        try:
+            self.admission.refuse_if_full()  # the busy answer stays fast: no deadline machinery for it
+        except ModelBusy:
+            self.metrics.busy_rejections.inc()
+            raise
         deadline, scope = self._deadline()
 
         def timed() -> tuple[list[BatchResult], float]:
