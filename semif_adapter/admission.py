@@ -32,13 +32,17 @@ class Admission:
     def admitted(self) -> int:
         return self._admitted
 
-    async def run(self, fn: Callable[[], T]) -> tuple[T, float]:
-        """Run ``fn`` on the engine thread; returns (result, seconds spent waiting for the engine)."""
+    def refuse_if_full(self) -> None:
+        """Raise the fast 503 when no slot is free (callers may check before preparing any work)."""
         if self._admitted >= self.capacity:
             raise ModelBusy(
                 f"the model is busy ({self._admitted} request(s) admitted, capacity {self.capacity}); "
                 f"retry after {self.retry_after_s} s with backoff"
             )
+
+    async def run(self, fn: Callable[[], T]) -> tuple[T, float]:
+        """Run ``fn`` on the engine thread; returns (result, seconds spent waiting for the engine)."""
+        self.refuse_if_full()
         self._admitted += 1
         self._idle.clear()
         queued_at = time.perf_counter()

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import __version__
+from . import __version__, request_scope
 from .body import read_body
 from .decision_json import numbered_lines, read_decision_json, refuse_counts, refuse_options
 from .errors import DecisionValidationError, SemifError, UnsupportedMediaType
@@ -52,9 +52,10 @@ JSONLINES_TYPES = {
 def _error_body(request: Request, exc: SemifError) -> dict[str, Any]:
     """Decision API errors are ``{"error", "type"}``; /v1 (System One) keeps FastAPI's ``detail`` shape."""
     message = str(exc)
+    extra = getattr(exc, "extra", {})
     if request.url.path.startswith("/v1/"):
-        return {"detail": {"error_type": exc.code, "message": message}}
-    body: dict[str, Any] = {"error": message, "type": exc.code}
+        return {"detail": {"error_type": exc.code, "message": message, **extra}}
+    body: dict[str, Any] = {"error": message, "type": exc.code, **extra}
     if exc.retryable:
         body["retryable"] = True
     return body
@@ -117,7 +118,16 @@ def create_app(
         request.state.request_id = request_id
         request.state.log = {}
         started = time.perf_counter()
-        response = await call_next(request)
+        try:  # the request's deadline and its connection, for the engine to stop when either ends
+            limit_s = request_scope.requested_limit(request.headers, settings.request_timeout_s)
+        except SemifError as exc:
+            response = _header_error(request, exc)
+        else:
+            bound = request_scope.bind(request_scope.RequestScope(limit_s, request.receive))
+            try:
+                response = await call_next(request)
+            finally:
+                request_scope.unbind(bound)
         elapsed = time.perf_counter() - started
         route = request.scope.get("route")
         route_path = getattr(route, "path", "unmatched")
@@ -138,10 +148,16 @@ def create_app(
             )
         return response
 
+    def _header_error(request: Request, exc: SemifError) -> Response:
+        if request.url.path.startswith("/v1/"):
+            issue = {"loc": list(exc.loc), "msg": exc.message, "type": "value_error"}
+            return JSONResponse({"detail": [issue]}, status_code=422)
+        return error_response(request, exc)
+
     # --- error handlers ------------------------------------------------------------------------
     @app.exception_handler(SemifError)
     async def semif_error(request: Request, exc: SemifError) -> JSONResponse:
-        if exc.status >= 500 and not exc.retryable:
+        if exc.status >= 500 and not exc.retryable and exc.code != "deadline_exceeded":
             log.error("internal error", extra={"request_id": request.state.request_id, "error": str(exc)})
         return error_response(request, exc)
 

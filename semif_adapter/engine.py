@@ -28,6 +28,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from .calibration import Calibration, apply_temperature, find_calibration
+from .deadline import Deadline
 from .errors import DecisionValidationError, EngineFailure, SemifError, TokenBudgetExceeded
 from .labels import LabelSet, build_label_set
 from .llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
@@ -147,13 +148,22 @@ class DecisionEngine:
         self.runtime.close()
 
     # --- public API --------------------------------------------------------------------------
-    def score(self, decisions: Sequence[Decision | Mapping[str, Any]]) -> BatchResult:
-        """Score decisions that share one state; all validation happens before any decoding."""
+    def score(
+        self, decisions: Sequence[Decision | Mapping[str, Any]], cancel: Deadline | None = None
+    ) -> BatchResult:
+        """Score decisions that share one state; all validation happens before any decoding.
+
+        ``cancel`` stops the work at the next check point; an abort drops the kept prefix (it may be
+        half-written), so the next request starts from clean memory and answers bit-identically.
+        """
         started = time.perf_counter()
         parsed = self._parse(decisions)
         prefix_tokens, planned = self._plan(parsed)
+        if cancel is not None:
+            reused = self._cached_prefix == prefix_tokens
+            cancel.begin((0 if reused else len(prefix_tokens)) + sum(len(p.suffix_tokens) for p in planned))
         try:
-            return self._run(prefix_tokens, planned, started)
+            return self._run(prefix_tokens, planned, started, cancel)
         except SemifError:
             self._reset()
             raise
@@ -265,29 +275,31 @@ class DecisionEngine:
         except Exception:  # pragma: no cover - nothing more we can do
             log.exception("could not clear llama.cpp memory")
 
-    def _prefill(self, prefix_tokens: list[int]) -> bool:
+    def _prefill(self, prefix_tokens: list[int], cancel: Deadline | None = None) -> bool:
         """Make sequence 0 hold exactly ``prefix_tokens``; returns True when it already did."""
         if self._cached_prefix == prefix_tokens:
             return True
         self._reset()
-        self.runtime.decode(prefix_tokens, 0, PREFIX_SEQ, want_logits=False)
+        self.runtime.decode(prefix_tokens, 0, PREFIX_SEQ, want_logits=False, cancel=cancel)
         self._cached_prefix = list(prefix_tokens)
         if self.fork_mode == "state":
             self._snapshot = self.runtime.save_seq(PREFIX_SEQ)
         return False
 
-    def _branch(self, n_prefix: int, suffix_tokens: list[int], label_ids: list[int]) -> _Readout:
+    def _branch(
+        self, n_prefix: int, suffix_tokens: list[int], label_ids: list[int], cancel: Deadline | None = None
+    ) -> _Readout:
         """Decode one suffix on a branch of the prefix and read the label logits."""
         runtime = self.runtime
         if self.fork_mode == "copy":
             runtime.fork(PREFIX_SEQ, BRANCH_SEQ)
             try:
-                runtime.decode(suffix_tokens, n_prefix, BRANCH_SEQ, want_logits=True)
+                runtime.decode(suffix_tokens, n_prefix, BRANCH_SEQ, want_logits=True, cancel=cancel)
                 return self._read(label_ids)
             finally:
                 runtime.drop(BRANCH_SEQ)
         try:
-            runtime.decode(suffix_tokens, n_prefix, PREFIX_SEQ, want_logits=True)
+            runtime.decode(suffix_tokens, n_prefix, PREFIX_SEQ, want_logits=True, cancel=cancel)
             return self._read(label_ids)
         finally:
             runtime.restore_seq(PREFIX_SEQ, self._snapshot)
@@ -305,18 +317,26 @@ class DecisionEngine:
         mass = float(np.exp(selected - peak).sum() / shifted.sum())
         return _Readout(selected, mass, top)
 
-    def _run(self, prefix_tokens: list[int], planned: list[_Planned], started: float) -> BatchResult:
+    def _run(
+        self,
+        prefix_tokens: list[int],
+        planned: list[_Planned],
+        started: float,
+        cancel: Deadline | None = None,
+    ) -> BatchResult:
         n_prefix = len(prefix_tokens)
         t0 = time.perf_counter()
-        reused = self._prefill(prefix_tokens)
+        reused = self._prefill(prefix_tokens, cancel)
         prefill_seconds = 0.0 if reused else time.perf_counter() - t0
         hasher = PromptHasher(prefix_tokens)
         results: list[DecisionResult] = []
         suffix_total = 0.0
         input_tokens = n_prefix
         for index, plan in enumerate(planned):
+            if cancel is not None:
+                cancel.check()
             t_start = time.perf_counter()
-            readout = self._branch(n_prefix, plan.suffix_tokens, plan.label_ids)
+            readout = self._branch(n_prefix, plan.suffix_tokens, plan.label_ids, cancel)
             t_forward = time.perf_counter()
             probabilities, applied = self._probabilities(plan.decision, readout.option_logits)
             t_end = time.perf_counter()

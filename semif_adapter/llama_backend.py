@@ -15,14 +15,18 @@ import ctypes
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import binding
 from .errors import EngineFailure, ModelLoadError
+
+if TYPE_CHECKING:
+    from .deadline import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,7 @@ REQUIRED_SYMBOLS: tuple[str, ...] = (
     "llama_batch_init",
     "llama_batch_free",
     "llama_decode",
+    "llama_set_abort_callback",
     "llama_get_logits_ith",
     "llama_n_seq_max",
     "llama_log_set",
@@ -65,6 +70,11 @@ REQUIRED_SYMBOLS: tuple[str, ...] = (
 
 PREFIX_SEQ = 0
 BRANCH_SEQ = 1
+DECODE_ABORTED = 2  # llama_decode's return code when the abort callback stopped it
+
+# The abort callback is libc's strlen over the cancel token's two-byte flag ("\x01\0" -> 1 -> abort):
+# llama.cpp calls it between graph nodes, and a C function costs nothing and never needs the GIL.
+_ABORT_READER_ADDRESS: int | None = None
 
 _init_lock = threading.Lock()
 _initialised = False
@@ -241,10 +251,46 @@ class LlamaRuntime:
         return raw.decode("utf-8") if raw else None
 
     # --- decoding ---------------------------------------------------------------------------
-    def decode(self, tokens: Sequence[int], start_pos: int, seq: int, want_logits: bool) -> None:
-        """Decode ``tokens`` in fixed ``n_batch`` chunks; logits only for the very last token."""
+    def decode(
+        self,
+        tokens: Sequence[int],
+        start_pos: int,
+        seq: int,
+        want_logits: bool,
+        cancel: Deadline | None = None,
+    ) -> None:
+        """Decode ``tokens`` in fixed ``n_batch`` chunks; logits only for the very last token.
+
+        With ``cancel``, the token is checked before every chunk and, on CPU, between graph nodes; an
+        abort raises the token's error. llama.cpp removes the aborted chunk's positions itself; the
+        caller still owns the sequence and must drop or reset it.
+        """
+        if cancel is None:
+            self._decode(tokens, start_pos, seq, want_logits, None)
+            return
+        self._set_abort_flag(cancel.flag_address)
+        try:
+            self._decode(tokens, start_pos, seq, want_logits, cancel)
+        finally:
+            self._set_abort_flag(None)
+
+    def _set_abort_flag(self, address: int | None) -> None:
+        global _ABORT_READER_ADDRESS
+        if address is None:
+            self.lib.llama_set_abort_callback(self.ctx, self.lib.ggml_abort_callback(), None)
+            return
+        if _ABORT_READER_ADDRESS is None:
+            _ABORT_READER_ADDRESS = ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value
+        callback = self.lib.ggml_abort_callback(_ABORT_READER_ADDRESS)
+        self.lib.llama_set_abort_callback(self.ctx, callback, ctypes.c_void_p(address))
+
+    def _decode(
+        self, tokens: Sequence[int], start_pos: int, seq: int, want_logits: bool, cancel: Deadline | None
+    ) -> None:
         total = len(tokens)
         for offset in range(0, total, self.n_batch):
+            if cancel is not None:
+                cancel.check()
             chunk = tokens[offset : offset + self.n_batch]
             batch = self.batch
             n = len(chunk)
@@ -258,9 +304,14 @@ class LlamaRuntime:
             if want_logits and last_chunk:
                 batch.logits[n - 1] = True
             batch.n_tokens = n
+            started = time.perf_counter()
             rc = self.lib.llama_decode(self.ctx, batch)
+            if rc == DECODE_ABORTED and cancel is not None and cancel.cancelled:
+                raise cancel.error()
             if rc != 0:
                 raise EngineFailure(f"llama_decode failed with code {rc} at position {start_pos + offset}")
+            if cancel is not None:
+                cancel.advance(n, time.perf_counter() - started)
 
     def last_logits(self) -> np.ndarray:
         """A zero-copy float32 view of the last output position's logits (valid until the next decode)."""

@@ -28,6 +28,20 @@ class Metrics:
         self.prefill_tokens = Counter("semif_prefill_tokens", "Prefix tokens actually prefilled", registry=r)
         self.busy_rejections = Counter("semif_busy_rejections", "Requests refused with 503 busy", registry=r)
         self.engine_errors = Counter("semif_engine_errors", "Engine failures", registry=r)
+        self.deadline_exceeded = Counter(
+            "semif_deadline_exceeded",
+            "Requests stopped by their deadline: refused up front or aborted mid-work",
+            ["stage"],
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "semif_client_disconnects", "Engine work aborted because the caller left", registry=r
+        )
+        self.throughput = Gauge(
+            "semif_decode_tokens_per_second",
+            "Measured decode throughput behind deadline refusals (0 until warmed up)",
+            registry=r,
+        )
         self.ready = Gauge("semif_ready", "1 when /ping is healthy", registry=r)
         self.in_flight = Gauge(
             "semif_engine_admitted", "Requests running or waiting for the engine", registry=r

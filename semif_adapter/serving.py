@@ -14,11 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from . import request_scope
 from .admission import Admission
+from .deadline import ClientDisconnected, Deadline, DeadlineExceeded
 from .errors import EngineFailure, ModelBusy, NotReady, SemifError
 from .metrics import Metrics
 from .protocol import BatchResult, Decision, ModelInfo
 from .settings import Settings
+from .throughput import Throughput
 
 log = logging.getLogger("semif_adapter.serving")
 
@@ -34,7 +37,7 @@ class Engine(Protocol):
     model_info: ModelInfo
     max_options: int
 
-    def score(self, decisions: Sequence[Decision]) -> BatchResult: ...
+    def score(self, decisions: Sequence[Decision], cancel: Deadline | None = None) -> BatchResult: ...
     def reset_prefix_cache(self) -> None: ...
     def close(self) -> None: ...
 
@@ -73,6 +76,8 @@ class DecisionService:
         self.failure: str | None = None
         self.admission = Admission(settings.max_queue, settings.retry_after_s)
         metrics.in_flight.set_function(lambda: self.admission.admitted)
+        self.throughput = Throughput()
+        metrics.throughput.set_function(lambda: self.throughput.tokens_per_s or 0.0)
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -159,7 +164,7 @@ class DecisionService:
 
     async def score_timed(self, decisions: Sequence[Decision]) -> Scored:
         engine = self._require_ready()
-        batches, waited, engine_s = await self._admit(lambda: [engine.score(decisions)])
+        batches, waited, engine_s = await self._admit(lambda cancel: [engine.score(decisions, cancel=cancel)])
         return Scored(batches[0], waited, engine_s)
 
     async def score_groups(
@@ -168,11 +173,11 @@ class DecisionService:
         """Several same-state groups as ONE admitted operation (jsonlines bodies)."""
         engine = self._require_ready()
 
-        def run() -> list[BatchResult]:
+        def run(cancel: Deadline | None) -> list[BatchResult]:
             batches = []
             for index, group in enumerate(groups):
                 try:
-                    batches.append(engine.score(group))
+                    batches.append(engine.score(group, cancel=cancel))
                 except SemifError as exc:
                     exc.group = index  # type: ignore[attr-defined]  # lets the caller name the line
                     raise
@@ -180,21 +185,46 @@ class DecisionService:
 
         return await self._admit(run)
 
-    async def _admit(self, fn: Callable[[], list[BatchResult]]) -> tuple[list[BatchResult], float, float]:
+    def _deadline(self) -> tuple[Deadline, request_scope.RequestScope | None]:
+        """The request's cancel token: its HTTP scope's deadline, else the server's (direct callers)."""
+        scope = request_scope.current()
+        limit = scope.limit_s if scope is not None else (self.settings.request_timeout_s or None)
+        started = scope.started if scope is not None else None
+        return Deadline(limit, started=started, estimate=self.throughput.seconds_for), scope
+
+    async def _admit(
+        self, fn: Callable[[Deadline | None], list[BatchResult]]
+    ) -> tuple[list[BatchResult], float, float]:
+        try:
+            self.admission.refuse_if_full()  # the busy answer stays fast: no deadline machinery for it
+        except ModelBusy:
+            self.metrics.busy_rejections.inc()
+            raise
+        deadline, scope = self._deadline()
+
         def timed() -> tuple[list[BatchResult], float]:
             t0 = time.perf_counter()
-            value = fn()
+            value = fn(deadline)
             return value, time.perf_counter() - t0
 
         try:
-            (batches, engine_s), waited = await self.admission.run(timed)
+            async with request_scope.guard(deadline, scope):
+                (batches, engine_s), waited = await self.admission.run(timed)
         except ModelBusy:
             self.metrics.busy_rejections.inc()
+            raise
+        except DeadlineExceeded:
+            self.metrics.deadline_exceeded.labels("refused" if deadline.refused else "aborted").inc()
+            raise
+        except ClientDisconnected:
+            self.metrics.client_disconnects.inc()
             raise
         except EngineFailure:
             self.metrics.engine_errors.inc()
             await self._check_health()
             raise
+        finally:
+            self.throughput.observe(deadline.tokens_done, deadline.decode_seconds)
         self.metrics.queue_wait.observe(waited)
         self.metrics.engine_seconds.observe(engine_s)
         for batch in batches:

@@ -73,6 +73,12 @@ class Settings(BaseSettings):
         description="Nesting limit for JSON bodies: arrays/objects, the top level counting as one.",
     )
     retry_after_s: int = Field(default=1, ge=0, description="Retry-After on 503 busy responses.")
+    request_timeout_s: float = Field(
+        default=55.0,
+        ge=0,
+        description="Deadline per request from arrival (under SageMaker's 60 s); 0 = none. "
+        "A request may shorten it with the X-Semif-Timeout-S header.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     # --- Jev / System One compatibility -----------------------------------------------------

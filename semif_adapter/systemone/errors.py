@@ -52,7 +52,7 @@ def _dotted(loc: Sequence[LocPart]) -> str:
     return ".".join(str(part) for part in loc)
 
 
-def _detail(code: str, message: str) -> dict[str, dict[str, str]]:
+def _detail(code: str, message: str) -> dict[str, dict[str, Any]]:
     return {"detail": {"error_type": code, "message": message}}
 
 
@@ -74,8 +74,10 @@ def systemone_error_response(exc: BaseException, retry_after_s: int = 1) -> JSON
             headers["Retry-After"] = str(retry_after_s)
         if isinstance(exc, AuthenticationFailed):
             headers["WWW-Authenticate"] = "Bearer"
-        if exc.status >= 500 and not exc.retryable:
+        if exc.status >= 500 and not exc.retryable and exc.code != "deadline_exceeded":
             log.error("systemone request failed: %s", exc)
-        return JSONResponse(_detail(exc.code, exc.message), status_code=exc.status, headers=headers)
+        body = _detail(exc.code, exc.message)
+        body["detail"].update(getattr(exc, "extra", {}))  # e.g. a deadline's token counts
+        return JSONResponse(body, status_code=exc.status, headers=headers)
     log.exception("unexpected error in systemone request", exc_info=exc)
     return JSONResponse(_detail("internal_error", "internal server error"), status_code=500)

@@ -228,7 +228,7 @@ class FakeEngine:
         self.model_info = fake_model_info()
         self.max_options = 255
 
-    def score(self, decisions: Sequence[Decision]) -> BatchResult:
+    def score(self, decisions: Sequence[Decision], cancel: object = None) -> BatchResult:
         self.calls += 1
         if decisions[0].id == "warmup":
             if self.fail_probe and self.calls > 1:

@@ -82,7 +82,7 @@ class HeldEngine:
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def score(self, decisions: list[Decision]) -> BatchResult:
+    def score(self, decisions: list[Decision], cancel: object = None) -> BatchResult:
         self.entered.set()
         self.release.wait(30)
         return uniform_batch(decisions)
