@@ -1,0 +1,24 @@
+"""The build refuses a base whose llama.cpp lays out a by-value struct differently from the bindings."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import ImageUnderTest
+from imagectl import podman
+
+from scripts.test_image import podman_build
+
+
+def test_older_llama_cpp_base_fails_the_build_naming_llama_model_params(under_test: ImageUnderTest) -> None:
+    """llama-cpp-python 0.3.35's llama.cpp has no ``lazy_mode`` in llama_model_params (72 bytes, not 80)."""
+    log_path = under_test.work_dir / "build-old-base.log"
+    tag = "localhost/semif-adapter:image-test-old-base"
+    podman("rmi", "--force", "--ignore", tag)
+    build = podman_build(under_test.old_base, tag, log_path)
+    text = log_path.read_text(errors="replace")
+    assert build.returncode != 0, f"the build on {under_test.old_base} succeeded; log: {log_path}"
+    errors = [line for line in text.splitlines() if "llama_model_params" in line]
+    assert errors, f"no line names llama_model_params; log: {log_path}"
+    assert any(re.search(r"offset|size", line) for line in errors), errors
+    assert podman("image", "exists", tag, check=False).returncode != 0, "a refused build left an image"
