@@ -12,7 +12,7 @@ PIP := $(PY) -m pip
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen
 
-.PHONY: serve test test-image lint install install-test models bench clean
+.PHONY: serve test test-image lint install install-test models bench clean image-context sdists
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,21 @@ test-image: models
 
 bench: models
 	$(PY) benchmarks/engine_overhead.py
+
+# Build context for Dockerfile.cpu/.gpu (wheelhouse + llama.cpp headers; see docs/deployment.md).
+IMAGE_PYTHON ?= 3.12
+IMAGE_ARCH ?= $(shell uname -m)
+LLAMA_SOURCE ?=
+LLAMA_VERSION ?=
+LLAMA_COMMIT ?=
+image-context: $(PY)
+	$(PY) scripts/prepare_image_context.py --python $(IMAGE_PYTHON) --arch $(IMAGE_ARCH) \
+	  $(if $(LLAMA_SOURCE),--llama-source $(LLAMA_SOURCE)) $(if $(LLAMA_VERSION),--llama-version $(LLAMA_VERSION)) \
+	  $(if $(LLAMA_COMMIT),--llama-commit $(LLAMA_COMMIT))
+
+# llama-cpp-python sdists (binding + headers only) for the layout tests, cached outside git.
+sdists: $(PY)
+	$(PY) tests/deploy/sdists.py 0.3.30 0.3.35 0.3.36
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -131,6 +131,7 @@ class DecisionEngine:
             n_batch=settings.n_batch,
             n_threads=settings.n_threads,
             n_gpu_layers=settings.n_gpu_layers,
+            abi_record=settings.llama_abi_record,
         )
         try:
             return cls(runtime, settings, gguf_path=path, sha256=sha256, name=name, calibration=calibration)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from . import binding
 from .errors import EngineFailure, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -69,20 +70,14 @@ _init_lock = threading.Lock()
 _initialised = False
 
 
-def import_llama_cpp() -> Any:
-    """Import the bindings and check the loaded library exports every symbol we call."""
-    try:
-        import llama_cpp
-        from llama_cpp import llama_cpp as raw
-    except (ImportError, OSError, RuntimeError, FileNotFoundError) as exc:
-        where = os.environ.get("LLAMA_CPP_LIB_PATH", "the llama_cpp package")
-        raise ModelLoadError(f"cannot load libllama from {where}: {exc}") from exc
-    missing = [name for name in REQUIRED_SYMBOLS if not hasattr(raw._lib, name)]
-    if missing:
-        raise ModelLoadError(
-            "the loaded libllama is missing symbols this engine needs (binding/library ABI drift): "
-            + ", ".join(missing)
-        )
+def import_llama_cpp(abi_record: Path | None = None) -> Any:
+    """Import the bindings tolerantly (see binding.py); every symbol we call must be in the library.
+
+    ``abi_record`` is the verified pair the image build wrote; a library reporting another version is refused.
+    """
+    llama_cpp = binding.load(REQUIRED_SYMBOLS)
+    if abi_record is not None:
+        binding.check_recorded(llama_cpp.llama_cpp._lib, abi_record, llama_cpp.__version__)
     return llama_cpp
 
 
@@ -154,8 +149,9 @@ class LlamaRuntime:
         n_threads: int,
         n_gpu_layers: int,
         verbose: bool = False,
+        abi_record: Path | None = None,
     ) -> None:
-        self.lib = llama_cpp = import_llama_cpp()
+        self.lib = llama_cpp = import_llama_cpp(abi_record)
         _init_backend(llama_cpp, verbose)
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")

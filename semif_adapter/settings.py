@@ -49,6 +49,10 @@ class Settings(BaseSettings):
         default=None, description="calibration.json; default: the one in the model directory, if any."
     )
     warmup: bool = Field(default=True, description="Score one decision before /ping turns healthy.")
+    llama_abi_record: Path | None = Field(
+        default=None,
+        description="llama-abi.json the image build verified; start-up refuses another libllama version.",
+    )
 
     # --- HTTP ------------------------------------------------------------------------------
     host: str = Field(default="0.0.0.0", description="Bind address.")
@@ -75,7 +79,7 @@ class Settings(BaseSettings):
     )
     api_key: str | None = Field(default=None, description="Bearer key for /v1/*; unset = no auth.")
 
-    @field_validator("gguf_path", "calibration_path", mode="before")
+    @field_validator("gguf_path", "calibration_path", "llama_abi_record", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value in ("", None) else value

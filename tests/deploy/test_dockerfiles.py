@@ -36,8 +36,26 @@ def test_dockerfile_shape(path: Path) -> None:
     env = final["ENV"]
     assert "LLAMA_CPP_LIB_PATH=/opt/semif/llama-lib" in env
     assert "GGML_BACKEND_DIR=/opt/semif/llama-lib" in env
+    assert "SEMIF_LLAMA_ABI_RECORD=/opt/semif/llama-abi.json" in env
     builder = " ".join(i.args for i in stages[0].instructions)
-    assert "-DLLAMA_BUILD=OFF" in builder and "llama-cpp-python==0.3.36" in builder
+    assert "--no-index" in builder and "llama-cpp-python==0.3.36" in builder
+    assert "check-base.sh" in builder and "llama_abi.py verify" in builder
+    # No package manager and no second interpreter: the base's Python, the prepared wheelhouse.
+    text = path.read_text()
+    assert not re.search(r"\b(dnf|yum|microdnf|apt-get|apt)\b", text)
+    assert 'org.semif.llama-cpp-python.version="0.3.36"' in text
+
+
+def test_gpu_dockerfile_is_the_cpu_one_with_the_cuda_plugin() -> None:
+    """The same checks, wheelhouse and layout proof for the CUDA image (part 7): only these lines differ."""
+    cpu = (REPO_ROOT / "Dockerfile.cpu").read_text().splitlines()
+    gpu = (REPO_ROOT / "Dockerfile.gpu").read_text().splitlines()
+    code = [ln for ln in cpu if not ln.startswith("#")], [ln for ln in gpu if not ln.startswith("#")]
+    changed = {(a, b) for a, b in zip(*code, strict=True) if a != b}
+    assert changed == {
+        ("ARG GGML_PLUGIN=libggml-cpu", "ARG GGML_PLUGIN=libggml-cuda"),
+        ("    SEMIF_N_GPU_LAYERS=0", "    SEMIF_N_GPU_LAYERS=-1"),
+    }
 
 
 def test_gpu_offloads_everything_by_default_and_cpu_does_not() -> None:

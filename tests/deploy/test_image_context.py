@@ -1,0 +1,166 @@
+"""The image build's own checks, run here on real files: docker/check-base.sh against library directories laid
+out like the DLC's, and scripts/prepare_image_context.py's wheel retagging and header export."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from deploy_helpers import REPO_ROOT
+from sdists import sdist
+
+from scripts import llama_abi, prepare_image_context
+
+CHECK = REPO_ROOT / "docker" / "check-base.sh"
+HERE_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def dlc_lib_dir(root: Path, names: tuple[str, ...]) -> Path:
+    """A directory like the DLC's /opt/llama.cpp/bin (empty files are enough for a layout check)."""
+    directory = root / "opt" / "llama.cpp" / "bin"
+    directory.mkdir(parents=True)
+    for name in names:
+        (directory / name).write_bytes(b"")
+    return directory
+
+
+DLC_CPU = (
+    "libllama.so",
+    "libllama.so.0",
+    "libggml.so",
+    "libggml-base.so",
+    "libggml-cpu-x64.so",
+    "libggml-cpu-haswell.so",
+)
+
+
+def check_base(
+    tmp_path: Path, lib_dir: Path, plugin: str = "libggml-cpu", **context: str
+) -> subprocess.CompletedProcess[str]:
+    ctx = tmp_path / "context.json"
+    ctx.write_text(json.dumps({"python": HERE_PYTHON, "arch": platform.machine(), **context}, indent=2))
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "LLAMA_LIB_DIR": str(lib_dir)}
+    return subprocess.run(
+        ["sh", str(CHECK), str(ctx), plugin, str(tmp_path / "base.env")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+
+def test_check_base_accepts_a_dlc_layout_and_records_what_it_found(tmp_path: Path) -> None:
+    lib_dir = dlc_lib_dir(tmp_path, DLC_CPU)
+    result = check_base(tmp_path, lib_dir)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "base.env").read_text() == f"PYTHON={sys.executable}\nLLAMA_LIB_DIR={lib_dir}\n"
+    assert result.stdout.startswith(f"base: Python {HERE_PYTHON} at {sys.executable}, {platform.machine()},")
+    assert "libggml-cpu-haswell.so" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("names", "plugin", "context", "message"),
+    [
+        (
+            DLC_CPU,
+            "libggml-cpu",
+            {"python": "3.99"},
+            f"is {HERE_PYTHON} but the wheelhouse is for 3.99; run: make image-context "
+            f"IMAGE_PYTHON={HERE_PYTHON}",
+        ),
+        (
+            DLC_CPU,
+            "libggml-cpu",
+            {"arch": "riscv64"},
+            f"the base is {platform.machine()} but the wheelhouse is for riscv64",
+        ),
+        (DLC_CPU, "libggml-cuda", {}, "no ggml backend plugin libggml-cuda*.so beside libllama in"),
+        (
+            ("libllama.so", "libggml-base.so", "libggml-cpu.a"),
+            "libggml-cpu",
+            {},
+            "(found: libggml-base.so libggml-cpu.a libllama.so )",
+        ),
+        (("libllama.so", "libggml-cpu-x64.so"), "libggml-cpu", {}, "no libggml-base.so* beside libllama"),
+        (("libggml.so",), "libggml-cpu", {}, "holds no libllama.so*"),
+    ],
+    ids=["python", "arch", "no-cuda-plugin", "static-only", "no-ggml-base", "no-libllama"],
+)
+def test_check_base_refuses_with_one_line_saying_what_it_found(
+    tmp_path: Path, names: tuple[str, ...], plugin: str, context: dict[str, str], message: str
+) -> None:
+    result = check_base(tmp_path, dlc_lib_dir(tmp_path, names), plugin, **context)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: base image check: "), result.stderr
+    assert message in lines[0]
+    assert not (tmp_path / "base.env").exists()
+
+
+def test_check_base_without_a_prepared_wheelhouse(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["sh", str(CHECK), str(tmp_path / "missing.json"), "libggml-cpu", str(tmp_path / "env")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1 and "prepare it first: make image-context" in result.stderr
+
+
+def make_wheel(path: Path, files: dict[str, bytes]) -> Path:
+    dist = "demo-1.0.dist-info"
+    meta = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: cp311-cp311-linux_x86_64\n"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+        archive.writestr(f"{dist}/METADATA", b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n")
+        archive.writestr(f"{dist}/WHEEL", meta)
+        archive.writestr(f"{dist}/RECORD", b"")
+    return path
+
+
+def test_pure_wheel_is_retagged_and_installs(tmp_path: Path) -> None:
+    built = make_wheel(tmp_path / "demo-1.0-cp311-cp311-linux_x86_64.whl", {"demo/__init__.py": b"X = 1\n"})
+    out = tmp_path / "out"
+    out.mkdir()
+    retagged = prepare_image_context.retag_pure(built, out)
+    assert retagged.name == "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(retagged) as archive:
+        wheel_meta = archive.read("demo-1.0.dist-info/WHEEL").decode()
+        record = archive.read("demo-1.0.dist-info/RECORD").decode()
+    assert (
+        "Tag: py3-none-any" in wheel_meta
+        and "cp311" not in wheel_meta
+        and "Root-Is-Purelib: true" in wheel_meta
+    )
+    assert "demo-1.0.dist-info/WHEEL,sha256=" in record and "demo/__init__.py,sha256=" in record
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+         "--target", str(target), str(retagged)],
+        check=True,
+    )  # fmt: skip
+    assert (target / "demo" / "__init__.py").read_text() == "X = 1\n"
+
+
+def test_wheel_with_native_code_is_not_retagged(tmp_path: Path) -> None:
+    built = make_wheel(
+        tmp_path / "demo-1.0-cp311-cp311-linux_x86_64.whl",
+        {"demo/__init__.py": b"", "demo/lib/libggml-base.bin": b"\x7fELF\x02\x01"},
+    )
+    with pytest.raises(SystemExit, match=r"not pure Python \(contains demo/lib/libggml-base.bin\)"):
+        prepare_image_context.retag_pure(built, tmp_path)
+
+
+def test_headers_are_exported_flat_with_their_version(tmp_path: Path) -> None:
+    source = sdist("0.3.36") / "vendor" / "llama.cpp"
+    meta = prepare_image_context.write_headers(source, tmp_path / "llama-headers", None, "0c1e57098")
+    assert (meta["version"], meta["commit"]) == ("0.5.0-dev", "0c1e57098")
+    exported = llama_abi.resolve_headers(tmp_path / "llama-headers", tmp_path)
+    assert {"llama.h", "ggml.h", "ggml-backend.h"} <= {p.name for p in (tmp_path / "llama-headers").iterdir()}
+    assert (exported.version, exported.commit) == ("0.5.0-dev", "0c1e57098")
+    module = llama_abi.binding.binding_module(sdist("0.3.36") / "llama_cpp")
+    assert llama_abi.check(exported, module, "llama-cpp-python 0.3.36")["llama_model_params"].size == 80

@@ -1,0 +1,119 @@
+"""The struct layout proof (scripts/llama_abi.py): a C probe compiled with gcc against the llama.h of real
+llama-cpp-python sdists, compared with the ctypes layout of real bindings. No library is built or loaded."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from sdists import sdist
+
+from scripts import llama_abi
+
+LLAMA_STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch")
+
+
+def tree(version: str) -> Path:
+    return sdist(version) / "vendor" / "llama.cpp"
+
+
+def package(version: str) -> Path:
+    return sdist(version) / "llama_cpp"
+
+
+@pytest.mark.parametrize("version", ["0.3.30", "0.3.35", "0.3.36"])
+def test_each_binding_matches_its_own_vendored_header(version: str) -> None:
+    headers = llama_abi.resolve_headers(tree(version), Path("/nonexistent"))
+    module = llama_abi.binding.binding_module(package(version))
+    layouts = llama_abi.check(headers, module, f"llama-cpp-python {version}")
+    assert set(layouts) == set(LLAMA_STRUCTS)
+    # Every field of the header is probed, and the binding names the same ones.
+    for struct, layout in layouts.items():
+        assert list(layout.offsets) == [f[0] for f in getattr(module, struct)._fields_]
+
+
+def test_lazy_mode_moves_llama_model_params_from_72_to_80_bytes() -> None:
+    old = llama_abi.c_layout(llama_abi.resolve_headers(tree("0.3.35"), Path("/nonexistent")))
+    new = llama_abi.c_layout(llama_abi.resolve_headers(tree("0.3.36"), Path("/nonexistent")))
+    assert (old["llama_model_params"].size, new["llama_model_params"].size) == (72, 80)
+    assert "lazy_mode" not in old["llama_model_params"].offsets
+    assert new["llama_model_params"].offsets["lazy_mode"] == 28
+    assert (
+        old["llama_model_params"].offsets["main_gpu"] == 28
+        and new["llama_model_params"].offsets["main_gpu"] == 32
+    )
+    assert old["llama_context_params"].size == new["llama_context_params"].size  # unchanged in between
+
+
+def test_old_header_with_new_binding_fails_naming_struct_field_and_both_offsets(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rc = llama_abi.main(["compare", "--headers", str(tree("0.3.35")), "--binding", str(package("0.3.36"))])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert len(err.strip().splitlines()) == 1, err
+    assert "llama-cpp-python 0.3.36" in err
+    assert "llama_model_params: field 'main_gpu' at offset 28 in llama.h but 32 in binding" in err
+    assert "llama_model_params: field 'lazy_mode' at offset 28 in binding does not exist in llama.h" in err
+    assert "llama_model_params: size 72 bytes in llama.h but 80 in binding" in err
+    assert "llama_context_params" not in err and "llama_batch" not in err
+
+
+def test_new_header_with_old_binding_names_the_field_the_binding_lacks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rc = llama_abi.main(["compare", "--headers", str(tree("0.3.36")), "--binding", str(package("0.3.35"))])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "field 'lazy_mode' at offset 28 in llama.h is missing from binding" in err
+
+
+def test_matching_pair_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = llama_abi.main(["compare", "--headers", str(tree("0.3.36")), "--binding", str(package("0.3.36"))])
+    assert rc == 0
+    assert capsys.readouterr().out.startswith("ok: llama_model_params, llama_context_params, llama_batch")
+
+
+def test_headers_from_a_release_tarball_and_a_flat_include_dir(tmp_path: Path) -> None:
+    source = tree("0.3.36")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        archive.add(source, arcname="llama.cpp-b0000")
+    tarball = tmp_path / "llama.cpp-b0000.tar.gz"
+    tarball.write_bytes(buffer.getvalue())
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    from_tar = llama_abi.resolve_headers(tarball, scratch)
+    assert from_tar.version == "0.5.0-dev"
+    flat = tmp_path / "include"
+    flat.mkdir()
+    for header in [*(source / "include").glob("*.h"), *(source / "ggml" / "include").glob("*.h")]:
+        (flat / header.name).write_bytes(header.read_bytes())
+    (flat / "VERSION.json").write_text(json.dumps({"version": "0.5.0-dev", "commit": "0c1e57098"}))
+    from_flat = llama_abi.resolve_headers(flat, tmp_path)
+    assert (from_flat.version, from_flat.commit) == ("0.5.0-dev", "0c1e57098")
+    assert llama_abi.c_layout(from_tar) == llama_abi.c_layout(from_flat)
+
+
+def test_header_field_reader_handles_function_pointers_and_arrays() -> None:
+    text = """
+    struct llama_x {
+        // a comment; with a semicolon
+        int32_t a; /* block; comment */
+        bool (*abort_cb)(void * data);
+        char name[128];
+        float b, c;
+    };"""
+    assert llama_abi.header_fields(text, "llama_x") == ["a", "abort_cb", "name", "b", "c"]
+    with pytest.raises(llama_abi.AbiError, match="llama_y: not defined"):
+        llama_abi.header_fields(text, "llama_y")
+
+
+def test_missing_headers_are_refused_with_what_was_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert llama_abi.main(["compare", "--headers", str(tmp_path), "--binding", str(package("0.3.36"))]) == 1
+    assert f"{tmp_path} holds no llama.h" in capsys.readouterr().err
