@@ -179,21 +179,8 @@ def fetch_sdist(version: str, cache: Path) -> Path:
         return existing[0]
     target.mkdir(parents=True, exist_ok=True)
     log(f"downloading the llama-cpp-python {version} sdist")
-    run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--no-binary",
-            "llama-cpp-python",
-            "-d",
-            target,
-            f"llama-cpp-python=={version}",
-        ]
-    )
+    run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", "llama-cpp-python",
+         "-d", target, f"llama-cpp-python=={version}"])  # fmt: skip
     existing = sorted(target.glob(f"llama_cpp_python-{version}.tar.gz"))
     if not existing:
         raise SystemExit(f"error: pip did not produce llama_cpp_python-{version}.tar.gz in {target}")
@@ -257,19 +244,8 @@ def build_libraries(sdist: Path, cache: Path, jobs: int) -> tuple[Path, str]:
         llama = source / "vendor" / "llama.cpp"
         build = Path(work) / "build"
         log(f"compiling llama.cpp {commit} from {sdist.name} with {jobs} jobs (log: {logfile})")
-        run(
-            [
-                "cmake",
-                "-S",
-                llama,
-                "-B",
-                build,
-                *CMAKE_FLAGS,
-                f"-DLLAMA_BUILD_COMMIT={commit}",
-                "-DLLAMA_BUILD_NUMBER=0",
-            ],
-            logfile,
-        )
+        configure = ["cmake", "-S", llama, "-B", build, *CMAKE_FLAGS]
+        run([*configure, f"-DLLAMA_BUILD_COMMIT={commit}", "-DLLAMA_BUILD_NUMBER=0"], logfile)
         # ggml depends on every CPU variant target; build the chosen plugins first, then ggml and llama
         # without their dependency checks ("<target>/fast", Makefile generator) so no other variant compiles.
         plugins = [f"ggml-cpu-{v}" for v in variants]
@@ -324,16 +300,18 @@ def header_tree(sdist: Path, cache: Path) -> Path:
 # --- the image ---------------------------------------------------------------------------------------------
 
 
-def podman(*args: str, capture: bool = False) -> str:
-    done = subprocess.run(["podman", *args], check=True, text=True, capture_output=capture)
-    return done.stdout.strip() if capture else ""
+def podman(*args: str) -> str:
+    done = subprocess.run(["podman", *args], text=True, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"error: podman {args[0]} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout.strip()
 
 
 def existing_image(tag: str) -> str | None:
     found = subprocess.run(["podman", "image", "exists", tag], check=False)
     if found.returncode != 0:
         return None
-    return podman("image", "inspect", "--format", "{{.Digest}}", tag, capture=True) or None
+    return podman("image", "inspect", "--format", "{{.Digest}}", tag) or None
 
 
 def import_image(rootfs: Path, libs: Path, tag: str, labels: dict[str, str], cache: Path) -> str:
@@ -342,12 +320,14 @@ def import_image(rootfs: Path, libs: Path, tag: str, labels: dict[str, str], cac
         combined = Path(work) / "image.tar"
         shutil.copyfile(rootfs, combined)
         with tarfile.open(combined, "a") as archive:
-            for part in ("opt", "opt/llama.cpp", LIB_DIR):
-                info = tarfile.TarInfo(part)
+            present = {name.lstrip("./").rstrip("/") for name in archive.getnames()}
+            parts = [str(Path(*Path(LIB_DIR).parts[:i])) for i in range(1, len(Path(LIB_DIR).parts) + 1)]
+            for part in (p for p in parts if p not in present):  # the layer format refuses duplicates
+                info = tarfile.TarInfo(f"./{part}")
                 info.type, info.mode = tarfile.DIRTYPE, 0o755
                 archive.addfile(info)
             for lib in sorted(libs.iterdir()):
-                info = archive.gettarinfo(str(lib), f"{LIB_DIR}/{lib.name}")
+                info = archive.gettarinfo(str(lib), f"./{LIB_DIR}/{lib.name}")
                 info.uid = info.gid = 0
                 info.uname = info.gname = "root"
                 if lib.is_symlink():
@@ -362,7 +342,7 @@ def import_image(rootfs: Path, libs: Path, tag: str, labels: dict[str, str], cac
         args = ["import", "--quiet"]
         for change in changes:
             args += ["--change", change]
-        podman(*args, str(combined), tag, capture=True)
+        podman(*args, str(combined), tag)
     digest = existing_image(tag)
     if not digest:
         raise SystemExit(f"error: podman import of {tag} left no image digest")

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -57,26 +58,43 @@ def timed(label: str, timings: dict[str, float]) -> Iterator[None]:
         log(f"{label}: {timings[label]:.0f} s")
 
 
-def podman_build(
-    base: str, tag: str, logfile: Path, context: Path = ROOT
-) -> subprocess.CompletedProcess[bytes]:
-    """``podman build`` of Dockerfile.cpu with only BASE_IMAGE set; output to ``logfile``.
+def base_python(base: str) -> str:
+    """major.minor of the base image's python3 (the wheelhouse must be prepared for it)."""
+    probe = "import sys; print('%d.%d' % sys.version_info[:2])"
+    done = subprocess.run([*PODMAN, "run", "--rm", "--network", "none", base, "python3", "-c", probe],
+                          check=True, capture_output=True, text=True)  # fmt: skip
+    return done.stdout.strip()
+
+
+def build_context(target: Path, base: str, llama_tree: Path, commit: str) -> Path:
+    """A throw-away copy of the build context, prepared for ``base`` (Python, arch, llama.cpp headers).
+
+    The files git knows (tracked or not ignored), then ``scripts/prepare_image_context.py --out`` into it:
+    the repository's docker/wheelhouse stays untouched and each base gets the headers of its llama.cpp."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, check=True, capture_output=True).stdout  # fmt: skip
+    shutil.rmtree(target, ignore_errors=True)
+    for name in filter(None, listed.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "prepare_image_context.py"), "--python", base_python(base),
+         "--arch", platform.machine(), "--llama-source", str(llama_tree), "--llama-commit", commit,
+         "--out", str(target / "docker")],
+        check=True, cwd=ROOT,
+    )  # fmt: skip
+    return target
+
+
+def podman_build(context: Path, base: str, tag: str, logfile: Path) -> subprocess.CompletedProcess[bytes]:
+    """``podman build`` of the context's Dockerfile.cpu with BASE_IMAGE and the prepared build args.
 
     ``--format docker`` because podman's default OCI format ignores ``SHELL`` (Docker honours it)."""
-    cmd = [
-        *PODMAN,
-        "build",
-        "--format",
-        "docker",
-        "--layers",
-        "-f",
-        str(context / "Dockerfile.cpu"),
-        "--build-arg",
-        f"BASE_IMAGE={base}",
-        "-t",
-        tag,
-        str(context),
-    ]
+    build_args = (context / "docker" / "wheelhouse" / "build-args").read_text().split()
+    cmd = [*PODMAN, "build", "--format", "docker", "--layers", "-f", str(context / "Dockerfile.cpu"),
+           *build_args, "--build-arg", f"BASE_IMAGE={base}", "-t", tag, str(context)]  # fmt: skip
     with logfile.open("w") as out:
         out.write("$ " + " ".join(cmd) + "\n")
         out.flush()
@@ -135,17 +153,8 @@ def model_dir(work: Path) -> Path:
 def run_container(name: str, models: Path, env: dict[str, str] | None = None, image: str = IMAGE) -> str:
     """Start the image as SageMaker does (``serve``, model at /opt/ml/model); returns its URL on this host."""
     subprocess.run([*PODMAN, "rm", "--force", "--ignore", name], check=True, capture_output=True)
-    cmd = [
-        *PODMAN,
-        "run",
-        "--detach",
-        "--name",
-        name,
-        "--publish",
-        "127.0.0.1::8080",
-        "--volume",
-        f"{models}:/opt/ml/model:ro",
-    ]
+    cmd = [*PODMAN, "run", "--detach", "--name", name, "--publish", "127.0.0.1::8080",
+           "--volume", f"{models}:/opt/ml/model:ro"]  # fmt: skip
     for key, value in (env or {}).items():
         cmd += ["--env", f"{key}={value}"]
     subprocess.run([*cmd, image, "serve"], check=True, stdout=subprocess.DEVNULL)
@@ -169,20 +178,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     timings: dict[str, float] = {}
     started = time.monotonic()
 
-    with timed(f"stand-in base from llama-cpp-python {CURRENT_BINDING}", timings):
-        base = dlc_standin.standin(CURRENT_BINDING, jobs=args.jobs)
-    with timed(f"stand-in base from llama-cpp-python {OLD_BINDING}", timings):
-        old_base = dlc_standin.standin(OLD_BINDING, jobs=args.jobs)
-    log(f"bases: {base} (current), {old_base} (old)")
+    bases = {}
+    for binding in (CURRENT_BINDING, OLD_BINDING):
+        with timed(f"stand-in base from llama-cpp-python {binding}", timings):
+            bases[binding] = dlc_standin.standin(binding, jobs=args.jobs)
+        log(f"stand-in for {binding}: {bases[binding]}")
+    with timed("build contexts (wheelhouse + headers)", timings):
+        contexts = {
+            binding: build_context(work / f"context-{binding}", bases[binding], *dlc_standin.headers(binding))
+            for binding in bases
+        }
 
     build_log = work / "build-current.log"
     with timed("podman build Dockerfile.cpu", timings):
-        built = podman_build(base, IMAGE, build_log)
+        built = podman_build(contexts[CURRENT_BINDING], bases[CURRENT_BINDING], IMAGE, build_log)
     if built.returncode != 0:
         tail = build_log.read_text(errors="replace").splitlines()[-40:]
-        log(
-            f"error: podman build failed ({built.returncode}); last lines of {build_log}:\n" + "\n".join(tail)
-        )
+        log(f"error: podman build failed ({built.returncode}); end of {build_log}:\n" + "\n".join(tail))
         return 1
 
     models = model_dir(work)
@@ -193,27 +205,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "SEMIF_TEST_IMAGE": IMAGE,
         "SEMIF_TEST_CONTAINER": CONTAINER,
         "SEMIF_TEST_MODEL_DIR": str(models),
-        "SEMIF_TEST_OLD_BASE": old_base,
+        "SEMIF_TEST_OLD_BASE": bases[OLD_BINDING],
+        "SEMIF_TEST_OLD_CONTEXT": str(contexts[OLD_BINDING]),
         "SEMIF_TEST_WORK_DIR": str(work),
     }
     try:
         with timed("pytest against the container", timings):
-            tests = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pytest",
-                    "-q",
-                    "-p",
-                    "no:cacheprovider",
-                    "tests/contract/test_contract.py",
-                    "tests/image",
-                    *args.pytest_args,
-                ],
-                cwd=ROOT,
-                env=env,
-                check=False,
-            )
+            pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                      "tests/contract/test_contract.py", "tests/image", *args.pytest_args]  # fmt: skip
+            tests = subprocess.run(pytest, cwd=ROOT, env=env, check=False)
     finally:
         logs = subprocess.run([*PODMAN, "logs", CONTAINER], capture_output=True, text=True, check=False)
         (work / "container.log").write_text(logs.stdout + logs.stderr)

@@ -16,12 +16,13 @@ class ImageUnderTest:
     url: str
     model_dir: Path
     old_base: str
+    old_context: Path
     work_dir: Path
 
 
 @pytest.fixture(scope="session")
 def under_test() -> ImageUnderTest:
-    names = ("IMAGE", "CONTAINER", "URL", "MODEL_DIR", "OLD_BASE", "WORK_DIR")
+    names = ("IMAGE", "CONTAINER", "URL", "MODEL_DIR", "OLD_BASE", "OLD_CONTEXT", "WORK_DIR")
     values = {name: os.environ.get(f"SEMIF_TEST_{name}", "") for name in names}
     missing = [f"SEMIF_TEST_{name}" for name, value in values.items() if not value]
     if missing:
@@ -34,5 +35,6 @@ def under_test() -> ImageUnderTest:
         url=values["URL"].rstrip("/"),
         model_dir=Path(values["MODEL_DIR"]),
         old_base=values["OLD_BASE"],
+        old_context=Path(values["OLD_CONTEXT"]),
         work_dir=Path(values["WORK_DIR"]),
     )

@@ -56,6 +56,16 @@ def test_the_engine_runs_on_the_base_images_llama_cpp(under_test: ImageUnderTest
     assert plugins == {f"libggml-cpu-{expected}.so"}, "the best plugin the base ships should be selected"
 
 
+def test_stdout_is_one_json_object_per_line(under_test: ImageUnderTest) -> None:
+    """CloudWatch gets what the container prints: every stdout line parses, requests are logged."""
+    logs = podman("logs", under_test.container)
+    lines = [line for line in logs.stdout.splitlines() if line.strip()]
+    assert lines, "the container printed nothing on stdout"
+    records = [json.loads(line) for line in lines]
+    assert all(isinstance(record, dict) for record in records)
+    assert any(record.get("route") == "/invocations" for record in records)
+
+
 def test_sigterm_finishes_the_request_in_flight_and_exits_zero(under_test: ImageUnderTest) -> None:
     name = under_test.container + "-sigterm"
     url = run_container(name, under_test.model_dir, {"SEMIF_N_THREADS": "2"}, image=under_test.image)

@@ -15,7 +15,7 @@ def test_older_llama_cpp_base_fails_the_build_naming_llama_model_params(under_te
     log_path = under_test.work_dir / "build-old-base.log"
     tag = "localhost/semif-adapter:image-test-old-base"
     podman("rmi", "--force", "--ignore", tag)
-    build = podman_build(under_test.old_base, tag, log_path)
+    build = podman_build(under_test.old_context, under_test.old_base, tag, log_path)
     text = log_path.read_text(errors="replace")
     assert build.returncode != 0, f"the build on {under_test.old_base} succeeded; log: {log_path}"
     errors = [line for line in text.splitlines() if "llama_model_params" in line]
