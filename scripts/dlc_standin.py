@@ -55,6 +55,9 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_TOOLS=OFF",
     "-DLLAMA_BUILD_SERVER=OFF",
     "-DLLAMA_OPENSSL=OFF",
+    # The sdist carries the submodule's git link, so ggml would report "<hash>-dirty" (the sdist leaves files
+    # out). The DLC builds from a clean clone; without git lookups ggml reports LLAMA_BUILD_COMMIT instead.
+    "-DGIT_EXE=OFF",
 )
 # The DLC's runtime environment (its Dockerfile sets these; the child image must not depend on more).
 IMAGE_ENV = {
@@ -347,6 +350,13 @@ def import_image(rootfs: Path, libs: Path, tag: str, labels: dict[str, str], cac
     if not digest:
         raise SystemExit(f"error: podman import of {tag} left no image digest")
     return digest
+
+
+def headers(binding_version: str) -> tuple[Path, str]:
+    """(header tree, vendored commit) of a stand-in's llama.cpp: the offline source of llama.h for builds."""
+    cache = cache_root() / "standin"
+    tree = header_tree(fetch_sdist(binding_version, cache), cache)
+    return tree, (tree / "COMMIT").read_text().strip()
 
 
 def standin(
