@@ -124,19 +124,12 @@ def model_dir(work: Path) -> Path:
     staging.mkdir(parents=True)
     (staging / "model-manifest.json").write_text(json.dumps(manifest, indent=2))
     archive = staging / "model.tar.gz"
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "package_model.py"),
-            "--gguf",
-            str(gguf),
-            "--manifest",
-            str(staging / "model-manifest.json"),
-            "--output",
-            str(archive),
-        ],
-        check=True,
-    )
+    package = [sys.executable, str(ROOT / "scripts" / "package_model.py"), "--gguf", str(gguf),
+               "--manifest", str(staging / "model-manifest.json"), "--output", str(archive)]  # fmt: skip
+    done = subprocess.run(package, capture_output=True, text=True, check=False)  # quiet: no progress bar
+    if done.returncode != 0:
+        raise SystemExit(f"error: package_model.py failed: {done.stderr.strip()[-2000:]}")
+    log(done.stdout.strip())
     partial = work / "opt-ml-model.partial"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
