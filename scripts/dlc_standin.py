@@ -21,6 +21,7 @@ sdist's sha256 and the build flags). The image is imported with ``podman import`
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -367,9 +368,11 @@ def standin(
     cache.mkdir(parents=True, exist_ok=True)
     suite = suite or host_codename()
     source = AptSource(mirror, suite, None) if mirror else debian_archive(apt_sources(), suite)
-    sdist = fetch_sdist(binding_version, cache)
-    libs, commit = build_libraries(sdist, cache, jobs)
-    rootfs = build_rootfs(source, suite, cache)
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second run on this machine waits instead of compiling twice
+        sdist = fetch_sdist(binding_version, cache)
+        libs, commit = build_libraries(sdist, cache, jobs)
+        rootfs = build_rootfs(source, suite, cache)
     tag = f"{IMAGE_NAME}:{binding_version}-{short_key(rootfs.name, str(libs))}"
     digest = existing_image(tag)
     if digest is None:
