@@ -2,7 +2,9 @@
 
 No local Docker needed: the source is zipped to S3, a privileged CodeBuild project (created if missing)
 runs `docker build`/`docker push`, and the digest comes back from ECR. The equivalent local commands are
-printed too.
+printed too. The build context must be prepared first (`make image-context`, see
+scripts/prepare_image_context.py): its wheelhouse travels in the zip, so the image build needs no index, and
+its build-args (the llama.cpp version the base must report) are passed to `docker build`.
 
     python scripts/build_image.py --variant cpu --bucket my-build-bucket \
         --base-image public.ecr.aws/deep-learning-containers/llama-cpp@sha256:<64 hex>
@@ -40,25 +42,55 @@ SOURCE_FILES = (
     "scripts/__init__.py",
     "scripts/_dockerfile.py",
     "scripts/check_dockerfiles.py",
+    "scripts/llama_abi.py",
 )
 SOURCE_DIRS = ("docker", "semif_adapter")
+ARCHES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+PREPARED = ("docker/wheelhouse", "docker/llama-headers")
 CODEBUILD_IMAGES = {
     "linux/amd64": ("LINUX_CONTAINER", "aws/codebuild/amazonlinux-x86_64-standard:5.0"),
     "linux/arm64": ("ARM_CONTAINER", "aws/codebuild/amazonlinux-aarch64-standard:3.0"),
 }
 
 
-def source_zip(root: Path = ROOT) -> bytes:
-    """Zip what `docker build` needs (executable bits kept: the entrypoint must stay executable)."""
-    paths = [root / f for f in SOURCE_FILES if (root / f).is_file()]
-    for directory in SOURCE_DIRS:
-        paths += sorted(
-            p for p in (root / directory).rglob("*") if p.is_file() and "__pycache__" not in p.parts
+def prepared_context(docker_dir: Path, platform: str) -> tuple[dict[str, Any], list[str]]:
+    """The wheelhouse's context.json and build-args; ValueError says what to prepare when unusable."""
+    context_file = docker_dir / "wheelhouse" / "context.json"
+    arch = ARCHES[platform]
+    hint = f"make image-context IMAGE_ARCH={arch} IMAGE_PYTHON=3.12 LLAMA_SOURCE=<llama.cpp tarball>"
+    if not context_file.is_file():
+        raise ValueError(f"no prepared build context in {docker_dir / 'wheelhouse'}; run: {hint}")
+    context = json.loads(context_file.read_text())
+    if context.get("arch") != arch:
+        raise ValueError(
+            f"the wheelhouse is for {context.get('arch')}, the build for {platform}; run: {hint}"
         )
+    args_file = docker_dir / "wheelhouse" / "build-args"
+    build_args = args_file.read_text().split() if args_file.is_file() else []
+    return context, [a for a in build_args if a != "--build-arg"]
+
+
+def source_zip(root: Path = ROOT, docker_dir: Path | None = None) -> bytes:
+    """Zip what `docker build` needs (executable bits kept: the entrypoint must stay executable); the
+    prepared wheelhouse and headers come from ``docker_dir`` (default: root/docker)."""
+    prepared = docker_dir or root / "docker"
+    entries = [(root / f, f) for f in SOURCE_FILES if (root / f).is_file()]
+    for directory in SOURCE_DIRS:
+        entries += [
+            (p, str(p.relative_to(root)))
+            for p in sorted((root / directory).rglob("*"))
+            if p.is_file()
+            and "__pycache__" not in p.parts
+            and not str(p.relative_to(root)).startswith(PREPARED)
+        ]
+    for sub in PREPARED:
+        base = prepared / Path(sub).name
+        if base.is_dir():
+            entries += [(p, f"{sub}/{p.relative_to(base)}") for p in sorted(base.rglob("*")) if p.is_file()]
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in paths:
-            info = zipfile.ZipInfo(str(path.relative_to(root)), date_time=(2020, 1, 1, 0, 0, 0))
+        for path, name in entries:
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
             info.external_attr = (path.stat().st_mode & 0o777 | 0o100000) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             archive.writestr(info, path.read_bytes())
@@ -81,7 +113,8 @@ def buildspec() -> str:
             "build": {
                 "commands": [
                     'DOCKER_BUILDKIT=1 docker build --platform "$PLATFORM" -f "Dockerfile.$VARIANT" '
-                    '--build-arg BASE_IMAGE="$BASE_IMAGE" -t "$REPOSITORY_URI:$IMAGE_TAG" .',
+                    '--build-arg BASE_IMAGE="$BASE_IMAGE" --build-arg LLAMA_CPP_VERSION="$LLAMA_CPP_VERSION" '
+                    '--build-arg LLAMA_CPP_COMMIT="$LLAMA_CPP_COMMIT" -t "$REPOSITORY_URI:$IMAGE_TAG" .',
                     'docker push "$REPOSITORY_URI:$IMAGE_TAG"',
                     "IMAGE_DIGEST=$(docker inspect --format '{{index .RepoDigests 0}}' "
                     '"$REPOSITORY_URI:$IMAGE_TAG" | cut -d@ -f2)',
@@ -130,15 +163,23 @@ def role_policy(bucket: str, repository_arn: str) -> dict[str, Any]:
     }
 
 
-def local_commands(variant: str, platform: str, base_image: str, repository_uri: str, tag: str) -> str:
+def local_commands(
+    variant: str,
+    platform: str,
+    base_image: str,
+    repository_uri: str,
+    tag: str,
+    build_args: Sequence[str] = (),
+) -> str:
     registry = repository_uri.split("/", 1)[0]
+    extra = "".join(f"--build-arg {a} " for a in build_args)
     region = registry.split(".")[3] if registry.count(".") >= 3 else "<region>"
     return "\n".join(
         [
             f"aws ecr get-login-password --region {region} | docker login --username AWS "
             f"--password-stdin {registry}",
             f"docker build --platform {platform} -f Dockerfile.{variant} "
-            f"--build-arg BASE_IMAGE={base_image} -t {repository_uri}:{tag} .",
+            f"--build-arg BASE_IMAGE={base_image} {extra}-t {repository_uri}:{tag} .",
             f"docker push {repository_uri}:{tag}",
             f"docker inspect --format '{{{{index .RepoDigests 0}}}}' {repository_uri}:{tag}",
         ]
@@ -166,6 +207,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait for the build")
     parser.add_argument("--poll", type=float, default=15, help="seconds between status checks")
     parser.add_argument("--print-only", action="store_true", help="print local docker commands and stop")
+    parser.add_argument(
+        "--context",
+        type=Path,
+        default=ROOT / "docker",
+        help="folder holding the prepared wheelhouse/ and llama-headers/ (default: docker/)",
+    )
     _aws.add_session_args(parser)
     args = parser.parse_args(argv)
 
@@ -173,6 +220,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _aws.fail(problem)
     if args.variant == "gpu" and args.platform != "linux/amd64":
         return _aws.fail("the CUDA DLC is x86_64 only; use --platform linux/amd64 for --variant gpu")
+    try:
+        _, build_args = prepared_context(args.context, args.platform)
+    except ValueError as exc:
+        return _aws.fail(str(exc))
+    llama = dict(a.split("=", 1) for a in build_args if "=" in a)
     repository = args.repository or f"semif-adapter-{args.variant}"
     tag = args.tag or f"{args.variant}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     project = args.project or "semif-adapter-image-build"
@@ -186,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.base_image,
                 f"<account>.dkr.ecr.<region>.amazonaws.com/{repository}",
                 tag,
+                build_args,
             )
         )
         return 0
@@ -199,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         _aws.ensure_bucket(s3, args.bucket)
         key = f"{args.prefix.strip('/')}/source-{tag}.zip"
-        s3.put_object(Bucket=args.bucket, Key=key, Body=source_zip())
+        s3.put_object(Bucket=args.bucket, Key=key, Body=source_zip(ROOT, args.context))
         role_arn = args.role_arn or _aws.ensure_codebuild_role(
             _aws.client("iam", **session), "semif-codebuild", role_policy(args.bucket, repository_arn)
         )
@@ -227,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "PLATFORM": args.platform,
             "REPOSITORY_URI": repository_uri,
             "IMAGE_TAG": tag,
+            "LLAMA_CPP_VERSION": llama.get("LLAMA_CPP_VERSION", ""),
+            "LLAMA_CPP_COMMIT": llama.get("LLAMA_CPP_COMMIT", ""),
         }
         record = _aws.run_codebuild(
             cb,
@@ -259,7 +314,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if exported.get("IMAGE_DIGEST") and exported["IMAGE_DIGEST"] != digest:
         return _aws.fail(f"build reported {exported['IMAGE_DIGEST']} but ECR has {digest} for tag {tag}")
     print("# equivalent local build:", file=sys.stderr)
-    print(local_commands(args.variant, args.platform, args.base_image, repository_uri, tag), file=sys.stderr)
+    print(
+        local_commands(args.variant, args.platform, args.base_image, repository_uri, tag, build_args),
+        file=sys.stderr,
+    )
     print(f"{repository_uri}@{digest}")
     return 0
 

@@ -78,11 +78,13 @@ def _cmake_version(tree: Path) -> str | None:
 
 
 def _version_file(directory: Path) -> tuple[str | None, str | None]:
+    """VERSION.json (written by prepare_image_context.py), else a bare COMMIT file beside the sources."""
     meta = directory / "VERSION.json"
-    if not meta.is_file():
-        return None, None
-    data = json.loads(meta.read_text(encoding="utf-8"))
-    return data.get("version"), data.get("commit")
+    if meta.is_file():
+        data = json.loads(meta.read_text(encoding="utf-8"))
+        return data.get("version"), data.get("commit")
+    commit = directory / "COMMIT"
+    return None, (commit.read_text(encoding="utf-8").strip() or None) if commit.is_file() else None
 
 
 def resolve_headers(source: Path, scratch: Path) -> Headers:
@@ -301,18 +303,43 @@ def check(
 # --- commands ----------------------------------------------------------------------------------------------
 
 
-def _headers_arg(value: str, scratch: Path) -> Headers:
+def _prepared_sets(root: Path | None = None) -> list[Path]:
+    """docker/llama-headers/<label>/ sets (one per llama.cpp the context was prepared for)."""
+    root = root or PREPARED_HEADERS
+    if (root / "llama.h").is_file():
+        return [root]
+    return sorted(p for p in root.iterdir() if (p / "llama.h").is_file()) if root.is_dir() else []
+
+
+def _matches(headers: Headers, found: binding.LibraryVersion | None) -> bool:
+    if found is None:
+        return True
+    if headers.version and found.llama and headers.version != found.llama:
+        return False
+    return not (headers.commit and found.commit and not _same_commit(headers.commit, found.commit))
+
+
+def _headers_arg(value: str, scratch: Path, found: binding.LibraryVersion | None = None) -> Headers:
+    """Explicit headers; or ``auto``: the base's own llama.h, else the prepared set matching the library."""
     if value != "auto":
         return resolve_headers(Path(value), scratch)
-    found = find_base_headers()
-    if found is not None:
-        return resolve_headers(found, scratch)
-    if PREPARED_HEADERS.is_dir():
-        return resolve_headers(PREPARED_HEADERS, scratch)
-    raise AbiError(
-        "no llama.h: the base image ships none and the build context has no docker/llama-headers "
-        "(prepare it with: make image-context LLAMA_SOURCE=<llama.cpp tree or release tarball>)"
-    )
+    base = find_base_headers()
+    if base is not None:
+        return resolve_headers(base, scratch)
+    sets = [resolve_headers(p, scratch) for p in _prepared_sets()]
+    if not sets:
+        raise AbiError(
+            "no llama.h: the base image ships none and the build context has no docker/llama-headers "
+            "(prepare it with: make image-context LLAMA_SOURCE=<llama.cpp tree or release tarball>)"
+        )
+    matching = [h for h in sets if _matches(h, found)]
+    exact = [h for h in matching if h.commit] or matching
+    if len(exact) == 1:
+        return exact[0]
+    have = "; ".join(f"{h.origin} (llama.cpp {h.version}, commit {h.commit})" for h in sets)
+    what = found.describe() if found else "no library given"
+    reason = "several prepared header sets match" if exact else "no prepared header set matches"
+    raise AbiError(f"{reason} the libllama ({what}); prepared: {have}")
 
 
 def cmd_compare(args: argparse.Namespace, scratch: Path) -> int:
@@ -341,7 +368,7 @@ def cmd_verify(args: argparse.Namespace, scratch: Path) -> int:
     raw = llama_cpp.llama_cpp
     found = binding.library_version(raw._lib)
     where = binding.loaded_path()
-    headers = _headers_arg(args.headers, scratch)
+    headers = _headers_arg(args.headers, scratch, found)
     if headers.version and found.llama and headers.version != found.llama:
         raise AbiError(
             f"headers {headers.origin} are llama.cpp {headers.version} "
@@ -352,17 +379,21 @@ def cmd_verify(args: argparse.Namespace, scratch: Path) -> int:
             f"headers {headers.origin} are commit {headers.commit} "
             f"but libllama at {where} reports {found.describe()}"
         )
-    expected = (args.expect_version, args.expect_commit)
-    if expected[0] is not None and (
-        expected[0] != found.llama or not _same_commit(expected[1] or "", found.commit or "")
-    ):
-        raise AbiError(
-            f"libllama at {where} reports {found.describe()}, the build was told "
-            f"LLAMA_CPP_VERSION={expected[0]!r} LLAMA_CPP_COMMIT={expected[1]!r}; pass "
-            f"--build-arg LLAMA_CPP_VERSION={found.llama} --build-arg LLAMA_CPP_COMMIT={found.commit}"
-        )
     version = llama_cpp.__version__
     layouts = check(headers, raw, f"llama-cpp-python {version}", shlex.split(args.cc) if args.cc else None)
+    want_version, want_commit = args.expect_version, args.expect_commit or ""
+    if want_version is not None and (
+        want_version != found.llama or not _same_commit(want_commit, found.commit or "")
+    ):
+        told = (
+            f"the build expects LLAMA_CPP_VERSION={want_version!r} LLAMA_CPP_COMMIT={want_commit!r}"
+            if want_version
+            else "the build was not told which llama.cpp to expect"
+        )
+        raise AbiError(
+            f"libllama at {where} reports {found.describe()}; {told}; pass "
+            f"--build-arg LLAMA_CPP_VERSION={found.llama} --build-arg LLAMA_CPP_COMMIT={found.commit}"
+        )
     record = {
         "library": asdict(found),
         "library_path": where,
@@ -381,8 +412,8 @@ def cmd_verify(args: argparse.Namespace, scratch: Path) -> int:
 
 
 def _same_commit(a: str, b: str) -> bool:
-    """Short and long hashes of one commit match; an empty expectation matches anything."""
-    a, b = a.strip().lower(), b.strip().lower()
+    """Short and long hashes of one commit match (a "-dirty" build too); an empty side matches anything."""
+    a, b = (x.strip().lower().removesuffix("-dirty") for x in (a, b))
     return not a or not b or a.startswith(b) or b.startswith(a)
 
 

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -82,7 +83,8 @@ def retag_pure(wheel: Path, out_dir: Path) -> Path:
         name, version = dist_info[: -len(".dist-info")].rsplit("-", 1)
         target = out_dir / f"{name}-{version}-py3-none-any.whl"
         wheel_meta = src.read(f"{dist_info}/WHEEL").decode()
-        lines = [ln for ln in wheel_meta.splitlines() if not ln.startswith(("Tag:", "Root-Is-Purelib:"))]
+        replaced = ("Tag:", "Root-Is-Purelib:")
+        lines = [ln for ln in wheel_meta.splitlines() if ln and not ln.startswith(replaced)]
         new_meta = ("\n".join(lines) + "\nRoot-Is-Purelib: true\nTag: py3-none-any\n").encode()
         with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as dst:
             record_name = f"{dist_info}/RECORD"
@@ -119,25 +121,31 @@ def project_wheel(wheelhouse: Path) -> None:
     pip("wheel", "--quiet", "--no-deps", str(ROOT), "-w", str(wheelhouse))
 
 
-def write_headers(
-    source: Path, target: Path, version: str | None, commit: str | None
-) -> dict[str, str | None]:
-    """Copy llama.h and the ggml headers flat into ``target`` with VERSION.json; returns that version."""
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
+def write_headers(source: Path, root: Path, version: str | None, commit: str | None) -> dict[str, str | None]:
+    """Copy llama.h and the ggml headers of ``source`` into ``root/<version>-<commit>/`` with VERSION.json.
+
+    Sets for other llama.cpp builds stay: the image build picks the one matching what the base's library
+    reports, so one context serves several DLC digests.
+    """
     with tempfile.TemporaryDirectory(prefix="llama-src-") as scratch:
         headers = llama_abi.resolve_headers(source, Path(scratch))
-        for directory in headers.include_dirs:
-            for header in directory.glob("*.h"):
-                shutil.copy(header, target / header.name)
         meta = {
             "version": version or headers.version,
             "commit": commit or headers.commit,
             "source": str(source),
         }
+        label = re.sub(
+            r"[^A-Za-z0-9._-]", "_", "-".join(str(v) for v in (meta["version"], meta["commit"]) if v)
+        )
+        target = root / (label or "unversioned")
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        for directory in headers.include_dirs:
+            for header in directory.glob("*.h"):
+                shutil.copy(header, target / header.name)
     (target / "VERSION.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
+    return {**meta, "path": str(target)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -154,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, default=ROOT / "docker", help="where wheelhouse/ and llama-headers/ go"
     )
+    parser.add_argument("--clean-headers", action="store_true", help="drop header sets prepared before")
     args = parser.parse_args(argv)
 
     wheelhouse = args.out / "wheelhouse"
@@ -168,11 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     version, commit = args.llama_version, args.llama_commit
     headers_dir = args.out / "llama-headers"
+    if args.clean_headers and headers_dir.exists():
+        shutil.rmtree(headers_dir)
     if args.llama_source:
         meta = write_headers(args.llama_source, headers_dir, version, commit)
         version, commit = meta["version"], meta["commit"]
-    elif headers_dir.exists():
-        shutil.rmtree(headers_dir)  # no stale headers of another llama.cpp
+        print(f"headers: {meta['path']} (llama.cpp {version}, commit {commit or 'unknown'})")
     context = {
         "python": args.python,
         "arch": args.arch,

@@ -165,9 +165,9 @@ def _package_dir() -> Path:
 def install_tolerant_loader() -> LoadReport:
     """Put the wrapped helpers in place before ``llama_cpp.llama_cpp`` is imported; idempotent."""
     if "llama_cpp.llama_cpp" in sys.modules:
-        helpers = sys.modules.get(HELPERS)
-        if helpers is None or not getattr(helpers, "_semif_tolerant", False):
-            raise BindingError("llama_cpp was imported before the tolerant loader was installed")
+        # Already imported (by us, or strictly by someone else, in which case every wrapper did bind).
+        if _report.path is None:
+            _report.path = getattr(getattr(sys.modules["llama_cpp.llama_cpp"], "_lib", None), "_name", None)
         return _report
     helpers = sys.modules.get(HELPERS) or _exec_file(HELPERS, _package_dir() / "_ctypes_extensions.py")
     _wrap_helpers(helpers, _report)

@@ -37,11 +37,11 @@ def fake_libllama(directory: Path, symbols: list[str]) -> Path:
 
 
 def run_python(
-    code: str, lib_dir: Path, binding: Path | None = None, **env: str
+    code: str, lib_dir: Path, binding: Path | None = None, *args: str, **env: str
 ) -> subprocess.CompletedProcess[str]:
     paths = [str(REPO_ROOT)] + ([str(binding)] if binding else [])
     full_env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(lib_dir), "PYTHONPATH": os.pathsep.join(paths), **env}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=full_env)
 
 
 LOAD = """
@@ -102,6 +102,7 @@ def test_missing_engine_symbols_are_one_line_with_path_version_and_names(tmp_pat
         "import sys\nfrom semif_adapter.cli import main\nsys.exit(main(['score', sys.argv[1]]))",
         lib_dir,
         sdist("0.3.36"),
+        str(request),
         SEMIF_GGUF_PATH=str(gguf),
         SEMIF_VERIFY_MANIFEST="false",
     )

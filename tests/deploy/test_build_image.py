@@ -21,6 +21,22 @@ from scripts import build_image, prepare_model_build
 BASE = f"public.ecr.aws/deep-learning-containers/llama-cpp@sha256:{DIGEST}"
 
 
+def prepared(tmp_path: Path, arch: str = "x86_64") -> str:
+    """A prepared build context as scripts/prepare_image_context.py leaves it (wheels stubbed)."""
+    wheelhouse = tmp_path / "docker" / "wheelhouse"
+    wheelhouse.mkdir(parents=True)
+    (wheelhouse / "context.json").write_text(
+        json.dumps({"python": "3.12", "arch": arch, "binding": "0.3.36"})
+    )
+    (wheelhouse / "build-args").write_text(
+        "--build-arg LLAMA_CPP_VERSION=0.4.1\n--build-arg LLAMA_CPP_COMMIT=f00dcafe\n"
+    )
+    (wheelhouse / "pip-25.3-py3-none-any.whl").write_bytes(b"stub")
+    (tmp_path / "docker" / "llama-headers").mkdir()
+    (tmp_path / "docker" / "llama-headers" / "llama.h").write_text("/* stub */\n")
+    return str(tmp_path / "docker")
+
+
 def pushed_image(repository: str, tag: str) -> str:
     """What `docker push` would leave in ECR; returns its digest."""
     ecr = boto3.client("ecr", region_name="us-east-1")
@@ -38,7 +54,10 @@ def pushed_image(repository: str, tag: str) -> str:
 
 
 def test_build_pushes_through_codebuild_and_prints_digest_uri(
-    moto_aws: None, calls: list[tuple[str, str, dict[str, Any]]], capsys: pytest.CaptureFixture[str]
+    moto_aws: None,
+    calls: list[tuple[str, str, dict[str, Any]]],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     digest = pushed_image("semif-adapter-cpu", "cpu-test")
     rc = build_image.main(
@@ -53,13 +72,18 @@ def test_build_pushes_through_codebuild_and_prints_digest_uri(
             "cpu-test",
             "--poll",
             "0",
+            "--context",
+            prepared(tmp_path),
         ]
     )
     assert rc == 0
     out, err = capsys.readouterr()
     repo_uri = "123456789012.dkr.ecr.us-east-1.amazonaws.com/semif-adapter-cpu"
     assert out.strip() == f"{repo_uri}@{digest}"
-    assert f"docker build --platform linux/amd64 -f Dockerfile.cpu --build-arg BASE_IMAGE={BASE}" in err
+    assert (
+        f"docker build --platform linux/amd64 -f Dockerfile.cpu --build-arg BASE_IMAGE={BASE} "
+        "--build-arg LLAMA_CPP_VERSION=0.4.1 --build-arg LLAMA_CPP_COMMIT=f00dcafe -t" in err
+    )
 
     ops = [(service, op) for service, op, _ in calls]
     assert [op for op in ops if op[0] != "sts"] == [
@@ -89,6 +113,8 @@ def test_build_pushes_through_codebuild_and_prints_digest_uri(
         "PLATFORM": "linux/amd64",
         "REPOSITORY_URI": repo_uri,
         "IMAGE_TAG": "cpu-test",
+        "LLAMA_CPP_VERSION": "0.4.1",
+        "LLAMA_CPP_COMMIT": "f00dcafe",
     }
     assert start["sourceLocationOverride"] == "build-src/semif-adapter/build/source-cpu-test.zip"
     assert params["DescribeImages"]["imageIds"] == [{"imageTag": "cpu-test"}]
@@ -107,6 +133,11 @@ def test_build_pushes_through_codebuild_and_prints_digest_uri(
             "docker/entrypoint.sh",
             "docker/requirements.lock",
             "semif_adapter/manifest.py",
+            "scripts/llama_abi.py",
+            "docker/check-base.sh",
+            "docker/wheelhouse/context.json",
+            "docker/wheelhouse/pip-25.3-py3-none-any.whl",
+            "docker/llama-headers/llama.h",
         } <= names
         assert not any("__pycache__" in n for n in names)
         mode = archive.getinfo("docker/entrypoint.sh").external_attr >> 16
@@ -140,7 +171,7 @@ def test_gpu_on_arm64_is_refused(calls: list[Any], capsys: pytest.CaptureFixture
 
 
 def test_graviton_build_uses_an_arm_codebuild_environment(
-    moto_aws: None, calls: list[tuple[str, str, dict[str, Any]]]
+    moto_aws: None, calls: list[tuple[str, str, dict[str, Any]]], tmp_path: Path
 ) -> None:
     arm_base = BASE.replace("llama-cpp@", "llama-cpp-arm64@")
     pushed_image("semif-adapter-arm64", "arm-1")
@@ -160,6 +191,8 @@ def test_graviton_build_uses_an_arm_codebuild_environment(
             "build-src",
             "--poll",
             "0",
+            "--context",
+            prepared(tmp_path, "aarch64"),
         ]
     )
     assert rc == 0
@@ -168,10 +201,49 @@ def test_graviton_build_uses_an_arm_codebuild_environment(
     assert params["StartBuild"]["environmentTypeOverride"] == "ARM_CONTAINER"
 
 
+@pytest.mark.parametrize(
+    ("arch", "platform", "message"),
+    [
+        (None, "linux/amd64", "no prepared build context in"),
+        (
+            "x86_64",
+            "linux/arm64",
+            "the wheelhouse is for x86_64, the build for linux/arm64; run: make image-context",
+        ),
+    ],
+)
+def test_unprepared_or_wrong_arch_context_is_refused_before_any_aws_call(
+    tmp_path: Path,
+    calls: list[Any],
+    capsys: pytest.CaptureFixture[str],
+    arch: str | None,
+    platform: str,
+    message: str,
+) -> None:
+    context = prepared(tmp_path, arch) if arch else str(tmp_path)
+    argv = [
+        "--variant",
+        "cpu",
+        "--platform",
+        platform,
+        "--bucket",
+        "b",
+        "--base-image",
+        BASE,
+        "--context",
+        context,
+    ]
+    assert build_image.main(argv) != 0
+    assert message in capsys.readouterr().err
+    assert calls == []
+
+
 def test_buildspec_is_valid_and_checks_the_base() -> None:
     spec = json.loads(build_image.buildspec())
     pre = " ".join(spec["phases"]["pre_build"]["commands"])
     assert "check_dockerfiles.py --base-image" in pre
+    build = " ".join(spec["phases"]["build"]["commands"])
+    assert '--build-arg LLAMA_CPP_VERSION="$LLAMA_CPP_VERSION"' in build
     assert spec["env"]["exported-variables"] == ["IMAGE_DIGEST"]
 
 

@@ -46,6 +46,26 @@ def test_dockerfile_shape(path: Path) -> None:
     assert 'org.semif.llama-cpp-python.version="0.3.36"' in text
 
 
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerignore_sends_exactly_what_the_dockerfile_copies(path: Path) -> None:
+    kept = [
+        ln[1:].rstrip("/")
+        for ln in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+        if ln.startswith("!")
+    ]
+    copied = []
+    for ins in _dockerfile.parse(path.read_text()):
+        if ins.keyword == "COPY" and "--from=" not in ins.args:
+            copied += ins.args.split()[:-1]
+    assert copied, "the Dockerfile copies nothing from the context?"
+    for source in copied:
+        assert any(source == k or source.startswith(k + "/") for k in kept), (
+            f"{source} is not in .dockerignore"
+        )
+    for k in kept:
+        assert any(source == k or source.startswith(k + "/") for source in copied), f"{k} is never copied"
+
+
 def test_gpu_dockerfile_is_the_cpu_one_with_the_cuda_plugin() -> None:
     """The same checks, wheelhouse and layout proof for the CUDA image (part 7): only these lines differ."""
     cpu = (REPO_ROOT / "Dockerfile.cpu").read_text().splitlines()

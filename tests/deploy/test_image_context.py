@@ -3,6 +3,7 @@ out like the DLC's, and scripts/prepare_image_context.py's wheel retagging and h
 
 from __future__ import annotations
 
+import email.parser
 import json
 import platform
 import subprocess
@@ -112,7 +113,7 @@ def test_check_base_without_a_prepared_wheelhouse(tmp_path: Path) -> None:
 
 def make_wheel(path: Path, files: dict[str, bytes]) -> Path:
     dist = "demo-1.0.dist-info"
-    meta = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: cp311-cp311-linux_x86_64\n"
+    meta = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: cp311-cp311-linux_x86_64\n\n"
     with zipfile.ZipFile(path, "w") as archive:
         for name, data in files.items():
             archive.writestr(name, data)
@@ -131,11 +132,9 @@ def test_pure_wheel_is_retagged_and_installs(tmp_path: Path) -> None:
     with zipfile.ZipFile(retagged) as archive:
         wheel_meta = archive.read("demo-1.0.dist-info/WHEEL").decode()
         record = archive.read("demo-1.0.dist-info/RECORD").decode()
-    assert (
-        "Tag: py3-none-any" in wheel_meta
-        and "cp311" not in wheel_meta
-        and "Root-Is-Purelib: true" in wheel_meta
-    )
+    parsed = email.parser.Parser().parsestr(wheel_meta)  # as pip reads it: a blank line ends the headers
+    assert parsed.get_all("Tag") == ["py3-none-any"] and parsed["Root-Is-Purelib"] == "true"
+    assert "cp311" not in wheel_meta
     assert "demo-1.0.dist-info/WHEEL,sha256=" in record and "demo/__init__.py,sha256=" in record
     target = tmp_path / "site"
     subprocess.run(
@@ -155,12 +154,48 @@ def test_wheel_with_native_code_is_not_retagged(tmp_path: Path) -> None:
         prepare_image_context.retag_pure(built, tmp_path)
 
 
-def test_headers_are_exported_flat_with_their_version(tmp_path: Path) -> None:
-    source = sdist("0.3.36") / "vendor" / "llama.cpp"
-    meta = prepare_image_context.write_headers(source, tmp_path / "llama-headers", None, "0c1e57098")
-    assert (meta["version"], meta["commit"]) == ("0.5.0-dev", "0c1e57098")
-    exported = llama_abi.resolve_headers(tmp_path / "llama-headers", tmp_path)
-    assert {"llama.h", "ggml.h", "ggml-backend.h"} <= {p.name for p in (tmp_path / "llama-headers").iterdir()}
-    assert (exported.version, exported.commit) == ("0.5.0-dev", "0c1e57098")
+def test_header_sets_are_kept_per_llama_cpp_and_picked_by_the_library(tmp_path: Path) -> None:
+    root = tmp_path / "llama-headers"
+    new = prepare_image_context.write_headers(
+        sdist("0.3.36") / "vendor" / "llama.cpp", root, None, "0c1e57098"
+    )
+    old = prepare_image_context.write_headers(
+        sdist("0.3.35") / "vendor" / "llama.cpp", root, None, "4df29be4f"
+    )
+    assert (new["version"], new["commit"]) == ("0.5.0-dev", "0c1e57098")
+    assert sorted(p.name for p in root.iterdir()) == ["0.1.0-dev-4df29be4f", "0.5.0-dev-0c1e57098"]
+    assert {"llama.h", "ggml.h", "ggml-backend.h"} <= {p.name for p in Path(str(new["path"])).iterdir()}
+    assert old["path"] == str(root / "0.1.0-dev-4df29be4f")
+    library = llama_abi.binding.LibraryVersion("0.5.0-dev", "0.25.3", "0c1e570-dirty")
+    sets = [llama_abi.resolve_headers(p, tmp_path) for p in llama_abi._prepared_sets(root)]
+    chosen = [h for h in sets if llama_abi._matches(h, library)]
+    assert [h.llama_h.parent.name for h in chosen] == ["0.5.0-dev-0c1e57098"]
     module = llama_abi.binding.binding_module(sdist("0.3.36") / "llama_cpp")
-    assert llama_abi.check(exported, module, "llama-cpp-python 0.3.36")["llama_model_params"].size == 80
+    assert llama_abi.check(chosen[0], module, "llama-cpp-python 0.3.36")["llama_model_params"].size == 80
+
+
+def test_auto_headers_pick_the_matching_set_or_say_what_is_prepared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "llama-headers"
+    prepare_image_context.write_headers(sdist("0.3.36") / "vendor" / "llama.cpp", root, None, "0c1e57098")
+    prepare_image_context.write_headers(sdist("0.3.35") / "vendor" / "llama.cpp", root, None, "4df29be4f")
+    monkeypatch.setattr(llama_abi, "PREPARED_HEADERS", root)
+    monkeypatch.setattr(llama_abi, "find_base_headers", lambda: None)
+    old_lib = llama_abi.binding.LibraryVersion("0.1.0-dev", "0.9.0", "4df29be")
+    assert llama_abi._headers_arg("auto", tmp_path, old_lib).commit == "4df29be4f"
+    other = llama_abi.binding.LibraryVersion("0.4.1", "0.9.4", "f00dcafe")
+    with pytest.raises(
+        llama_abi.AbiError, match=r"no prepared header set matches the libllama \(llama.cpp 0.4.1"
+    ):
+        llama_abi._headers_arg("auto", tmp_path, other)
+
+
+def test_a_bare_commit_file_beside_the_sources_is_read(tmp_path: Path) -> None:
+    tree = tmp_path / "llama.cpp"
+    for part in ("include", "ggml/include"):
+        (tree / part).mkdir(parents=True)
+        for header in (sdist("0.3.36") / "vendor" / "llama.cpp" / part).glob("*.h"):
+            (tree / part / header.name).write_bytes(header.read_bytes())
+    (tree / "COMMIT").write_text("0c1e57098\n")
+    assert llama_abi.resolve_headers(tree, tmp_path).commit == "0c1e57098"

@@ -117,3 +117,37 @@ def test_missing_headers_are_refused_with_what_was_given(
 ) -> None:
     assert llama_abi.main(["compare", "--headers", str(tmp_path), "--binding", str(package("0.3.36"))]) == 1
     assert f"{tmp_path} holds no llama.h" in capsys.readouterr().err
+
+
+def test_verify_against_the_installed_library_records_the_verified_pair(tmp_path: Path) -> None:
+    """The build step on the real libllama of the test install (llama.cpp vendored in 0.3.36)."""
+    record = tmp_path / "llama-abi.json"
+    argv = [
+        "verify",
+        "--headers",
+        str(tree("0.3.36")),
+        "--expect-version",
+        "0.5.0-dev",
+        "--record",
+        str(record),
+    ]
+    assert llama_abi.main(argv) == 0
+    data = json.loads(record.read_text())
+    live = llama_abi.binding.library_version(llama_abi.binding.load().llama_cpp._lib)
+    assert data["library"] == {"llama": "0.5.0-dev", "ggml": live.ggml, "commit": live.commit}
+    assert data["binding"] == "0.3.36" and data["library_path"].endswith("libllama.so")
+    assert data["structs"]["llama_model_params"]["offsets"]["lazy_mode"] == 28
+    assert data["structs"]["llama_model_params"]["size"] == 80
+
+
+def test_verify_says_which_build_args_to_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    assert llama_abi.main(["verify", "--headers", str(tree("0.3.36")), "--expect-version", ""]) == 1
+    err = capsys.readouterr().err
+    assert "reports llama.cpp 0.5.0-dev" in err and "the build was not told which llama.cpp to expect" in err
+    assert "pass --build-arg LLAMA_CPP_VERSION=0.5.0-dev --build-arg LLAMA_CPP_COMMIT=" in err
+
+
+def test_verify_refuses_headers_of_another_llama_cpp(capsys: pytest.CaptureFixture[str]) -> None:
+    assert llama_abi.main(["verify", "--headers", str(tree("0.3.35")), "--expect-version", "0.5.0-dev"]) == 1
+    err = capsys.readouterr().err
+    assert "are llama.cpp 0.1.0-dev but libllama at" in err and "reports llama.cpp 0.5.0-dev" in err
