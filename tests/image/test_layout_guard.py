@@ -18,7 +18,9 @@ def test_older_llama_cpp_base_fails_the_build_naming_llama_model_params(under_te
     build = podman_build(under_test.old_context, under_test.old_base, tag, log_path)
     text = log_path.read_text(errors="replace")
     assert build.returncode != 0, f"the build on {under_test.old_base} succeeded; log: {log_path}"
-    errors = [line for line in text.splitlines() if "llama_model_params" in line]
-    assert errors, f"no line names llama_model_params; log: {log_path}"
-    assert any(re.search(r"offset|size", line) for line in errors), errors
+    # the layout proof (scripts/llama_abi.py verify) stops it, naming struct, field and both offsets
+    errors = [line for line in text.splitlines() if "struct layout mismatch" in line]
+    assert errors, f"the build failed before the layout proof; log: {log_path}"
+    named = r"llama_model_params: field '\w+' at offset \d+ in llama.h but \d+ in binding"
+    assert re.search(named, errors[0]), errors[0]
     assert podman("image", "exists", tag, check=False).returncode != 0, "a refused build left an image"
