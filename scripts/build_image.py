@@ -38,6 +38,8 @@ SOURCE_FILES = (
     "Dockerfile.gpu",
     "pyproject.toml",
     "README.md",
+    "LICENSE",
+    ".dockerignore",
     "model-manifest.json",
     "scripts/__init__.py",
     "scripts/_dockerfile.py",

@@ -240,38 +240,40 @@ def _field_sizes(module: object, struct: str) -> dict[str, int]:
 
 
 def compare(c: dict[str, CLayout], module: object, binding_name: str, header_name: str) -> list[str]:
-    """One line per difference between the C layouts and the binding's ctypes structs."""
+    """One line per difference between the C layouts and the binding's ctypes structs; per struct the size
+    and the fields only one side has come first (the cause), then the fields that moved (the effect)."""
     py = binding.ctypes_layout(module, c)
     problems: list[str] = []
     for struct, cl in c.items():
         pl = py[struct]
         py_sizes = _field_sizes(module, struct)
+        cause: list[str] = []
+        effect: list[str] = []
+        if pl.size != cl.size:
+            cause.append(f"{struct}: size {cl.size} bytes in {header_name} but {pl.size} in {binding_name}")
         for field, c_off in cl.offsets.items():
             if field not in pl.offsets:
-                problems.append(
+                cause.append(
                     f"{struct}: field '{field}' at offset {c_off} in {header_name} "
                     f"is missing from {binding_name}"
                 )
             elif pl.offsets[field] != c_off:
-                problems.append(
+                effect.append(
                     f"{struct}: field '{field}' at offset {c_off} in {header_name} but {pl.offsets[field]} "
                     f"in {binding_name}"
                 )
             elif py_sizes[field] != cl.sizes[field]:
-                problems.append(
+                cause.append(
                     f"{struct}: field '{field}' is {cl.sizes[field]} bytes in {header_name} but "
                     f"{py_sizes[field]} in {binding_name}"
                 )
         for field, p_off in pl.offsets.items():
             if field not in cl.offsets:
-                problems.append(
+                cause.append(
                     f"{struct}: field '{field}' at offset {p_off} in {binding_name} "
                     f"does not exist in {header_name}"
                 )
-        if pl.size != cl.size:
-            problems.append(
-                f"{struct}: size {cl.size} bytes in {header_name} but {pl.size} in {binding_name}"
-            )
+        problems += cause + effect
     return problems
 
 

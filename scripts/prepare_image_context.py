@@ -4,11 +4,13 @@ Writes, beside the Dockerfiles (gitignored):
 
 - ``docker/wheelhouse/``: every runtime wheel for the base's Python and machine (docker/requirements.lock),
   pip (run from its wheel; the base needs no pip), the bindings-only llama-cpp-python wheel (built here with
-  ``-DLLAMA_BUILD=OFF``: no libllama inside, so it is pure Python and retagged ``py3-none-any``), this
-  project's wheel, and ``ziglang`` (the layout probe's C compiler when the base has none; builder stage only);
-  ``context.json`` says what it was prepared for, ``build-args`` the ``--build-arg`` lines to pass;
-- ``docker/llama-headers/``: llama.h and the ggml headers (+ VERSION.json) of ``--llama-source``, a llama.cpp
-  source tree or release tarball, for bases that ship no headers (the DLC ships none).
+  ``-DLLAMA_BUILD=OFF``: no libllama inside, so it is pure Python and retagged ``py3-none-any``), the build
+  backend for this project's source (setuptools, wheel), and ``ziglang`` (the layout probe's C compiler
+  when the base has none; builder stage only); ``context.json`` says what it was prepared for,
+  ``build-args`` the ``--build-arg`` lines to pass;
+- ``docker/llama-headers/<version>-<commit>/``: llama.h and the ggml headers (+ VERSION.json) of
+  ``--llama-source``, a llama.cpp source tree or release tarball, for bases that ship no headers (the DLC
+  ships none); one set per llama.cpp, the build picks the one its library reports.
 
     python scripts/prepare_image_context.py --python 3.12 --arch x86_64 \
         --llama-source llama.cpp-b10964.tar.gz --llama-version 0.4.1 --llama-commit <ggml_commit()>
@@ -117,8 +119,12 @@ def bindings_only_wheel(version: str = BINDING_VERSION) -> Path:
     return cached
 
 
-def project_wheel(wheelhouse: Path) -> None:
-    pip("wheel", "--quiet", "--no-deps", str(ROOT), "-w", str(wheelhouse))
+def build_backend(wheelhouse: Path, python: str, arch: str) -> None:
+    """setuptools and wheel (pyproject's build-system): the image builds this project from its source, so
+    the code in the image is the code in the build context, never a wheel prepared earlier."""
+    tags = [arg for tag in platform_tags(arch) for arg in ("--platform", tag)]
+    pip("download", "--quiet", "--python-version", python, "--implementation", "cp", "--only-binary", ":all:",
+        *tags, "setuptools>=77", "wheel", "-d", str(wheelhouse))  # fmt: skip
 
 
 def write_headers(source: Path, root: Path, version: str | None, commit: str | None) -> dict[str, str | None]:
@@ -173,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: preparing {args.arch} wheels on {platform.machine()} (pure-Python pieces are the same)")
     download_runtime(wheelhouse, args.python, args.arch)
     shutil.copy(bindings_only_wheel(), wheelhouse)
-    project_wheel(wheelhouse)
+    build_backend(wheelhouse, args.python, args.arch)
 
     version, commit = args.llama_version, args.llama_commit
     headers_dir = args.out / "llama-headers"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,3 +184,18 @@ def test_a_binding_without_the_wrapped_helpers_is_refused(tmp_path: Path, helper
     result = run_python(LOAD, tmp_path / "lib", tmp_path)
     assert result.returncode == 1
     assert f"has no {helper}(); this binding version is not one the tolerant loader supports" in result.stderr
+
+
+def test_load_after_a_strict_import_reports_the_library_it_found(tmp_path: Path) -> None:
+    """llama_cpp was imported strictly first (so every wrapper bound): load() still answers."""
+    lib_dir = tmp_path / "lib"
+    bound = re.findall(
+        r'@ctypes_function\(\s*"(\w+)"', (sdist("0.3.36") / "llama_cpp" / "llama_cpp.py").read_text()
+    )
+    assert len(bound) > 200
+    fake_libllama(lib_dir, sorted(set(bound) - set(VERSIONS) - {"llama_max_devices"}))
+    code = "import llama_cpp\n" + LOAD.split("try:")[0]
+    result = run_python(code, lib_dir, sdist("0.3.36"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["path"] == str(lib_dir / "libllama.so") and report["unbound"] == []

@@ -16,7 +16,7 @@ import boto3
 import pytest
 from deploy_helpers import DIGEST, REPO_ROOT, write_manifest
 
-from scripts import build_image, prepare_model_build
+from scripts import _dockerfile, build_image, prepare_model_build
 
 BASE = f"public.ecr.aws/deep-learning-containers/llama-cpp@sha256:{DIGEST}"
 
@@ -140,6 +140,11 @@ def test_build_pushes_through_codebuild_and_prints_digest_uri(
             "docker/llama-headers/llama.h",
         } <= names
         assert not any("__pycache__" in n for n in names)
+        for dockerfile in ("Dockerfile.cpu", "Dockerfile.gpu"):  # everything the build COPYs is shipped
+            for ins in _dockerfile.parse((REPO_ROOT / dockerfile).read_text()):
+                if ins.keyword == "COPY" and "--from=" not in ins.args:
+                    for source in ins.args.split()[:-1]:
+                        assert source in names or any(n.startswith(source + "/") for n in names), source
         mode = archive.getinfo("docker/entrypoint.sh").external_attr >> 16
         assert mode & 0o111, "entrypoint must stay executable"
 

@@ -60,6 +60,7 @@ def test_old_header_with_new_binding_fails_naming_struct_field_and_both_offsets(
     assert "llama_model_params: field 'lazy_mode' at offset 28 in binding does not exist in llama.h" in err
     assert "llama_model_params: size 72 bytes in llama.h but 80 in binding" in err
     assert "llama_context_params" not in err and "llama_batch" not in err
+    assert err.index("size 72 bytes") < err.index("'lazy_mode'") < err.index("'main_gpu'")  # cause first
 
 
 def test_new_header_with_old_binding_names_the_field_the_binding_lacks(
