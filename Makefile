@@ -1,6 +1,7 @@
 # Two set-up commands on a fresh machine:
 #   make serve   venv + runtime install + embedded demo model, then the server on :8080
 #   make test    venv + test install + both test models, then lint and the whole suite
+#   make test-image  (root) podman + DLC stand-in bases, Dockerfile.cpu built and its container tested
 #
 # llama-cpp-python compiles from source the first time (several minutes); pip caches the wheel.
 
@@ -11,7 +12,7 @@ PIP := $(PY) -m pip
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen
 
-.PHONY: serve test lint install install-test models bench clean image-context sdists
+.PHONY: serve test test-image lint install install-test models bench clean image-context sdists
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +43,10 @@ lint: install-test
 
 test: models lint
 	$(PY) -m pytest -q
+
+test-image: models
+	.ci/setup-podman.sh
+	$(PY) scripts/test_image.py
 
 bench: models
 	$(PY) benchmarks/engine_overhead.py

@@ -16,6 +16,10 @@ from support import LiveServer, engine_settings, make_model_dir, start_server, w
 from semif_adapter.demo_models import ensure_model
 from semif_adapter.engine import DecisionEngine
 
+# tests/image runs against a built image and its running container; scripts/test_image.py (make test-image)
+# builds both and sets SEMIF_TEST_IMAGE. `make test` has no container, so it does not collect them.
+collect_ignore = [] if os.environ.get("SEMIF_TEST_IMAGE") else ["image"]
+
 
 @pytest.fixture(scope="session")
 def gemma_gguf() -> Path:

@@ -1,0 +1,40 @@
+"""What scripts/test_image.py built and started, handed to the image tests through the environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+
+@dataclass(frozen=True)
+class ImageUnderTest:
+    image: str
+    container: str
+    url: str
+    model_dir: Path
+    old_base: str
+    old_context: Path
+    work_dir: Path
+
+
+@pytest.fixture(scope="session")
+def under_test() -> ImageUnderTest:
+    names = ("IMAGE", "CONTAINER", "URL", "MODEL_DIR", "OLD_BASE", "OLD_CONTEXT", "WORK_DIR")
+    values = {name: os.environ.get(f"SEMIF_TEST_{name}", "") for name in names}
+    missing = [f"SEMIF_TEST_{name}" for name, value in values.items() if not value]
+    if missing:
+        pytest.fail(
+            f"{', '.join(missing)} not set: run these through scripts/test_image.py (make test-image)"
+        )
+    return ImageUnderTest(
+        image=values["IMAGE"],
+        container=values["CONTAINER"],
+        url=values["URL"].rstrip("/"),
+        model_dir=Path(values["MODEL_DIR"]),
+        old_base=values["OLD_BASE"],
+        old_context=Path(values["OLD_CONTEXT"]),
+        work_dir=Path(values["WORK_DIR"]),
+    )

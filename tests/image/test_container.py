@@ -1,0 +1,106 @@
+"""The image as it runs: what only a container shows. The HTTP contract itself (ping, decisions, shared
+requests, JSON Lines, errors, 503s under a burst) is tests/contract/test_contract.py, run against the same
+container through SEMIF_TEST_URL."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from conftest import ImageUnderTest
+from imagectl import exec_in, podman
+from support import LiveServer, wait_for_ping
+
+from scripts.test_image import run_container
+
+BASE_LIB_DIR = "/opt/llama.cpp/bin"  # where the DLC (and the stand-in) keep libllama, libggml and the plugins
+TOOLCHAIN = ("gcc", "cc", "g++", "c++", "clang", "cpp", "ld", "as", "make", "cmake", "ninja", "zig", "nvcc")
+# Grace between SIGTERM and SIGKILL given to `podman stop` here. The request in flight is kept short (~250
+# tokens): on this shared 2-core machine a 3,000-token one alone takes over a minute.
+GRACE_S = 30
+
+
+def test_the_server_runs_as_the_unprivileged_user(under_test: ImageUnderTest) -> None:
+    config_user = podman("image", "inspect", "--format", "{{.Config.User}}", under_test.image).stdout.strip()
+    assert config_user == "10001:10001"
+    status = exec_in(under_test.container, "cat /proc/1/status")
+    ids = {
+        line.split(":")[0]: line.split()[1:]
+        for line in status.splitlines()
+        if line.startswith(("Uid", "Gid"))
+    }
+    assert ids["Uid"] == ["10001"] * 4 and ids["Gid"] == ["10001"] * 4
+    cmdline = exec_in(under_test.container, "tr '\\0' ' ' < /proc/1/cmdline")
+    assert "semif_adapter" in cmdline and "serve" in cmdline
+
+
+def test_no_compiler_or_build_tool_on_path(under_test: ImageUnderTest) -> None:
+    found = exec_in(under_test.container, f"for t in {' '.join(TOOLCHAIN)}; do command -v $t; done; true")
+    assert found.strip() == ""
+    probe = "import importlib.util as u; print([m for m in ('ziglang', 'cmake', 'ninja') if u.find_spec(m)])"
+    assert exec_in(under_test.container, f'python -c "{probe}"').strip() == "[]"
+
+
+def test_the_engine_runs_on_the_base_images_llama_cpp(under_test: ImageUnderTest) -> None:
+    """libllama, libggml and a CPU plugin are mapped from the base's directory; none comes from the venv."""
+    maps = exec_in(under_test.container, "cat /proc/1/maps")
+    paths = {line.split()[-1] for line in maps.splitlines() if ".so" in line.split()[-1]}
+    llama = {p for p in paths if Path(p).name.startswith(("libllama", "libggml"))}
+    assert llama, "no llama.cpp library mapped"
+    assert all(p.startswith(BASE_LIB_DIR + "/") for p in llama), sorted(llama)
+    plugins = {Path(p).name for p in llama if Path(p).name.startswith("libggml-cpu-")}
+    assert len(plugins) == 1, f"expected exactly one CPU plugin loaded, got {plugins}"
+    flags = set(Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0].split())
+    expected = "haswell" if {"avx2", "fma", "f16c", "bmi2"} <= flags else "x64"
+    assert plugins == {f"libggml-cpu-{expected}.so"}, "the best plugin the base ships should be selected"
+
+
+def test_stdout_is_one_json_object_per_line(under_test: ImageUnderTest) -> None:
+    """CloudWatch gets what the container prints: every stdout line parses, requests are logged."""
+    logs = podman("logs", under_test.container)
+    lines = [line for line in logs.stdout.splitlines() if line.strip()]
+    assert lines, "the container printed nothing on stdout"
+    records = [json.loads(line) for line in lines]
+    assert all(isinstance(record, dict) for record in records)
+    assert any(record.get("route") == "/invocations" for record in records)
+
+
+def test_sigterm_finishes_the_request_in_flight_and_exits_zero(under_test: ImageUnderTest) -> None:
+    name = under_test.container + "-sigterm"
+    url = run_container(name, under_test.model_dir, {"SEMIF_N_THREADS": "2"}, image=under_test.image)
+    try:
+        server = LiveServer(url)
+        wait_for_ping(server, timeout=300)
+        decision = {
+            "id": "long",
+            "state": " ".join(f"Event {i}: the queue depth grew again." for i in range(20)),
+            "question": "Is it growing?",
+            "options": [{"id": "y"}, {"id": "n"}],
+        }
+        outcome: dict[str, int] = {}
+
+        def call() -> None:
+            with httpx.Client(timeout=120) as client:
+                outcome["status"] = client.post(
+                    server.url + "/invocations", json={"decision": decision}
+                ).status_code
+
+        worker = threading.Thread(target=call)
+        worker.start()
+        deadline = time.monotonic() + 30
+        while "semif_engine_admitted 1.0" not in httpx.get(server.url + "/metrics").text:
+            assert time.monotonic() < deadline, "the request never reached the engine"
+            time.sleep(0.01)
+        started = time.monotonic()
+        podman("stop", "--time", str(GRACE_S), name)
+        stopped_after = time.monotonic() - started
+        worker.join(120)
+        state = json.loads(podman("inspect", "--format", "{{json .State}}", name).stdout)
+        assert outcome.get("status") == 200
+        assert state["ExitCode"] == 0, podman("logs", name).stderr[-2000:]
+        assert stopped_after < GRACE_S, f"took {stopped_after:.1f} s: the runtime had to SIGKILL it"
+    finally:
+        podman("rm", "--force", "--ignore", name, check=False)
