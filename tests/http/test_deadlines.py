@@ -163,10 +163,11 @@ def test_refuses_at_once_what_cannot_finish(server: LiveServer, client: httpx.Cl
         assert warm.status_code == 200, warm.text
     rate = _metric(server, "semif_decode_tokens_per_second")
     assert rate > 0
+    refused_before = _metric(server, "semif_deadline_exceeded_total", '{stage="refused"}')
     response = client.post("/invocations", json=_big(21), headers={"X-Semif-Timeout-S": "2"})
     assert response.status_code == 504, response.text
     body = response.json()
     assert body["type"] == "deadline_exceeded" and body["tokens_done"] == 0
     assert "refused before decoding" in body["error"] and "tokens/s" in body["error"]
-    assert _metric(server, "semif_deadline_exceeded_total", '{stage="refused"}') == 1.0
+    assert _metric(server, "semif_deadline_exceeded_total", '{stage="refused"}') == refused_before + 1
     assert client.post("/invocations", json={"decision": DECISION}).status_code == 200
