@@ -245,11 +245,14 @@ class LlamaRuntime:
         return raw.decode("utf-8") if raw else None
 
     # --- decoding ---------------------------------------------------------------------------
-    def decode(self, tokens: Sequence[int], start_pos: int, seq: int, want_logits: bool) -> None:
-        """Decode ``tokens`` in fixed ``n_batch`` chunks; logits only for the very last token."""
+    def decode(
+        self, tokens: Sequence[int], start_pos: int, seq: int, want_logits: bool, chunk_size: int = 0
+    ) -> None:
+        """Decode ``tokens`` in fixed chunks (``n_batch`` unless smaller); logits only for the last token."""
         total = len(tokens)
-        for offset in range(0, total, self.n_batch):
-            chunk = tokens[offset : offset + self.n_batch]
+        step = min(chunk_size, self.n_batch) if chunk_size > 0 else self.n_batch
+        for offset in range(0, total, step):
+            chunk = tokens[offset : offset + step]
             batch = self.batch
             n = len(chunk)
             for i, token in enumerate(chunk):
@@ -280,9 +283,10 @@ class LlamaRuntime:
     def fork(self, src: int = PREFIX_SEQ, dst: int = BRANCH_SEQ) -> None:
         self.lib.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
 
-    def drop(self, seq: int) -> None:
-        if not self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1):
-            raise EngineFailure(f"llama.cpp could not remove sequence {seq}")
+    def drop(self, seq: int, start: int = -1) -> None:
+        """Remove sequence ``seq`` from position ``start`` on (all of it by default)."""
+        if not self.lib.llama_memory_seq_rm(self.memory, seq, start, -1):
+            raise EngineFailure(f"llama.cpp could not remove sequence {seq} from position {start}")
 
     def save_seq(self, seq: int) -> ctypes.Array[ctypes.c_uint8]:
         size = int(self.lib.llama_state_seq_get_size(self.ctx, seq))
