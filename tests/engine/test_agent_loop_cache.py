@@ -23,7 +23,7 @@ from semif_adapter.errors import EngineFailure, TokenBudgetExceeded
 BLOCK = 32
 N_CTX = 2048
 AGENTS = ("ops", "billing", "search")
-TURNS = 4
+TURNS = 3
 BRIEFS = {
     "ops": "You watch the production cluster. Nodes: 12. Alert policy: page on any 5xx burst.",
     "billing": "You reconcile invoices for the finance team. Currency: EUR. Month end is in 3 days.",
@@ -177,24 +177,29 @@ def test_failure_mid_prefill_files_nothing(cached_engine: DecisionEngine, monkey
     assert again == expected and reused[0] > 0  # the earlier, complete state is still used
 
 
-def test_a_full_context_request_is_served_whatever_is_cached(cached_engine: DecisionEngine) -> None:
-    engine = cached_engine
-    engine.reset_prefix_cache()
-    play(engine, sequential()[:: TURNS - 1], cold=False)
-    assert engine.prefix_cache_stats().entries >= 2
-    filler = " ".join(f"line {i}: nothing new." for i in range(2000))
-    big = turn_decisions("ops", 0)[1]
-    words = filler.split(" ")
-    lo, hi = 0, len(words)
-    while lo < hi:  # the longest state that still fits the context with this decision
-        mid = (lo + hi + 1) // 2
-        try:
-            engine.prompt_tokens([{**big, "state": " ".join(words[:mid])}])
-            lo = mid
-        except TokenBudgetExceeded:
-            hi = mid - 1
-    request = {**big, "state": " ".join(words[:lo])}
-    result = engine.score([request]).results[0]
-    assert result.input_tokens > N_CTX - 16
-    engine.reset_prefix_cache()
-    assert engine.score([request]).results[0].probabilities == result.probabilities
+def test_a_full_context_request_is_served_whatever_is_cached(model_gguf: Path) -> None:
+    """Saved states live in host memory: the context is all the request's, full cache or not."""
+    n_ctx = 512
+    engine = DecisionEngine.load(
+        engine_settings(n_ctx=n_ctx, prefix_block_tokens=BLOCK, max_request_tokens=n_ctx), model_gguf
+    )
+    try:
+        play(engine, [(agent, 0) for agent in AGENTS], cold=False)
+        assert engine.prefix_cache_stats().entries == len(AGENTS)
+        words = [f"w{i}" for i in range(n_ctx)]
+        big = turn_decisions("ops", 0)[1]
+        lo, hi = 0, len(words)
+        while lo < hi:  # the longest state that still fits the context with this decision
+            mid = (lo + hi + 1) // 2
+            try:
+                engine.prompt_tokens([{**big, "state": " ".join(words[:mid])}])
+                lo = mid
+            except TokenBudgetExceeded:
+                hi = mid - 1
+        request = {**big, "state": " ".join(words[:lo])}
+        result = engine.score([request]).results[0]
+        assert result.input_tokens > n_ctx - 8
+        engine.reset_prefix_cache()
+        assert engine.score([request]).results[0].probabilities == result.probabilities
+    finally:
+        engine.close()
