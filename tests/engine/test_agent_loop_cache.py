@@ -203,3 +203,24 @@ def test_a_full_context_request_is_served_whatever_is_cached(model_gguf: Path) -
         assert engine.score([request]).results[0].probabilities == result.probabilities
     finally:
         engine.close()
+
+
+def test_a_diverging_state_reuses_only_the_shared_blocks(cached_engine: DecisionEngine) -> None:
+    """A saved state longer than the common part: attention models drop its tail, hybrid ones cannot."""
+    engine = cached_engine
+    first = transcript("search", 2)
+    lines = first.split("\n")
+    fork = "\n".join([*lines[: len(lines) // 2], "Tool result: the reindex job was cancelled."])
+    question = turn_decisions("search", 0)[0]
+    cold = {}
+    for state in (first, fork):
+        engine.reset_prefix_cache()
+        cold[state] = engine.score([{**question, "state": state}]).results[0]
+    engine.reset_prefix_cache()
+    engine.score([{**question, "state": first}])
+    warm = engine.score([{**question, "state": fork}]).results[0]
+    assert warm.probabilities == cold[fork].probabilities
+    assert warm.option_logits == cold[fork].option_logits
+    partial = engine.prefix_cache.partial_reuse
+    assert (warm.timing.prefix_reused_tokens > 0) is partial
+    assert warm.timing.prefix_reused_tokens % BLOCK == 0
