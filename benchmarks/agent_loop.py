@@ -147,7 +147,7 @@ def bench_model(key: str, args: argparse.Namespace) -> dict:
     if args.block:
         common["prefix_block_tokens"] = args.block
     off = DecisionEngine.load(Settings(prefix_cache_tokens=0, **common), ensure_model(key))
-    on = DecisionEngine.load(Settings(**common), ensure_model(key))
+    on = DecisionEngine.load(Settings(prefix_cache_tokens=1 << 16, **common), ensure_model(key))
     try:
         schedule = schedule_for(on, args.agents, args.turns, args.start_tokens, args.growth)
         off.score(schedule[0][1])  # warm threads and pages once on both sides

@@ -105,6 +105,7 @@ def model_gguf(request: pytest.FixtureRequest) -> Path:
 
 
 def load(gguf: Path, **cache: int) -> DecisionEngine:
+    cache = {"prefix_cache_tokens": 1 << 16, **cache}
     return DecisionEngine.load(engine_settings(n_ctx=N_CTX, prefix_block_tokens=BLOCK, **cache), gguf)
 
 
@@ -181,7 +182,9 @@ def test_a_full_context_request_is_served_whatever_is_cached(model_gguf: Path) -
     """Saved states live in host memory: the context is all the request's, full cache or not."""
     n_ctx = 512
     engine = DecisionEngine.load(
-        engine_settings(n_ctx=n_ctx, prefix_block_tokens=BLOCK, max_request_tokens=n_ctx), model_gguf
+        engine_settings(
+            n_ctx=n_ctx, prefix_block_tokens=BLOCK, max_request_tokens=n_ctx, prefix_cache_tokens=1 << 16
+        ), model_gguf
     )
     try:
         play(engine, [(agent, 0) for agent in AGENTS], cold=False)
