@@ -66,7 +66,7 @@ def raw_decode_seconds(engine: DecisionEngine, prefix: list[int], suffix: list[i
     runtime = engine.runtime
     engine.reset_prefix_cache()
     t0 = time.perf_counter()
-    runtime.decode(prefix, 0, PREFIX_SEQ, want_logits=False)
+    runtime.decode(prefix, 0, PREFIX_SEQ, want_logits=False, chunk_size=engine.block_tokens)
     runtime.decode(suffix, len(prefix), PREFIX_SEQ, want_logits=True)
     runtime.last_logits()
     return time.perf_counter() - t0
@@ -78,7 +78,7 @@ def one_stream_probabilities(engine: DecisionEngine, decision: dict) -> list[flo
 
     prefix, suffixes = engine.prompt_tokens([decision])
     engine.reset_prefix_cache()
-    engine.runtime.decode(prefix + suffixes[0], 0, PREFIX_SEQ, want_logits=True)
+    engine.runtime.decode(prefix + suffixes[0], 0, PREFIX_SEQ, True, engine.block_tokens)
     logits = engine.runtime.last_logits()[engine.label_token_ids(len(decision["options"]))].astype(np.float64)
     engine.reset_prefix_cache()
     exp = np.exp(logits - logits.max())

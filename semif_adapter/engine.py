@@ -2,8 +2,10 @@
 
 For a request of N decisions about one state:
 
-1. the prefix (template head + state) is decoded once into sequence 0, in fixed ``n_batch`` chunks
-   from position 0 (and kept: the next request about the same state reuses it);
+1. the prefix (template head + state) is decoded once into sequence 0, in fixed blocks of
+   ``prefix_block_tokens`` from position 0 (and kept: the next request about the same state reuses
+   it); the state after the last whole block is saved in the prefix cache, so a later prefix that
+   starts with the same blocks (an agent's grown transcript) decodes only the rest;
 2. for each decision, sequence 0 is forked into sequence 1 (``llama_memory_seq_cp``: no host copy),
    the decision's suffix (question, labelled options, generation prompt) is decoded in its own
    ``llama_decode`` call(s), the last position's logits are read, and sequence 1 is dropped.
@@ -33,6 +35,7 @@ from .errors import DecisionValidationError, EngineFailure, SemifError, TokenBud
 from .labels import LabelSet, build_label_set
 from .llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
 from .manifest import verify_model_file
+from .prefix_cache import CacheStats, PrefixCache, SavedPrefix
 from .prompt import PROMPT_VERSION, PromptHasher, Scaffold, build_scaffold, decision_text
 from .protocol import (
     BatchResult,
@@ -97,6 +100,13 @@ class DecisionEngine:
         )
         self._cached_prefix: list[int] | None = None
         self._snapshot: Any = None
+        self.block_tokens = min(settings.prefix_block_tokens, runtime.n_batch)
+        self.prefix_cache = PrefixCache(
+            settings.prefix_cache_tokens,
+            settings.prefix_cache_bytes,
+            self.block_tokens,
+            partial_reuse=not (runtime.is_recurrent or runtime.is_hybrid),
+        )
         self.fork_mode = settings.fork_mode if settings.fork_mode != "auto" else self._probe_fork_mode()
         self.model_info = ModelInfo(
             name=name or gguf_path.name.removesuffix(".gguf"),
@@ -178,12 +188,16 @@ class DecisionEngine:
         prefix_tokens, planned = self._plan(self._parse(decisions))
         return prefix_tokens, [p.suffix_tokens for p in planned]
 
+    def prefix_cache_stats(self) -> CacheStats:
+        return self.prefix_cache.stats()
+
     def label_token_ids(self, n_options: int) -> list[int]:
         return self.labels.take(n_options)[1]
 
     def reset_prefix_cache(self) -> None:
-        """Forget the kept prefix (benchmarks use this to measure cold requests)."""
+        """Forget the kept prefix and every saved state (benchmarks use this to measure cold requests)."""
         self._reset()
+        self.prefix_cache.clear()
 
     # --- validation and planning ----------------------------------------------------------------
     def _parse(self, decisions: Sequence[Decision | Mapping[str, Any]]) -> list[Decision]:
@@ -268,6 +282,7 @@ class DecisionEngine:
 
     # --- decoding -----------------------------------------------------------------------------------
     def _reset(self) -> None:
+        """Empty the context; saved states stay (each one is complete, whatever failed since)."""
         self._cached_prefix = None
         self._snapshot = None
         try:
@@ -275,16 +290,40 @@ class DecisionEngine:
         except Exception:  # pragma: no cover - nothing more we can do
             log.exception("could not clear llama.cpp memory")
 
-    def _prefill(self, prefix_tokens: list[int], cancel: Deadline | None = None) -> bool:
-        """Make sequence 0 hold exactly ``prefix_tokens``; returns True when it already did."""
+    def _prefill(self, prefix_tokens: list[int], cancel: Deadline | None = None) -> int:
+        """Make sequence 0 hold exactly ``prefix_tokens``; returns how many tokens were reused.
+
+        Blocks are aligned to position 0 whatever is reused, so each token is decoded in the same
+        chunk as in a cold prefill. The state after the last whole block is filed in the prefix cache
+        only once the whole prefill succeeded; on any exception (an abort included) the caller empties
+        the context (``_reset``) and nothing partial was filed.
+        """
         if self._cached_prefix == prefix_tokens:
-            return True
+            return len(prefix_tokens)
         self._reset()
-        self.runtime.decode(prefix_tokens, 0, PREFIX_SEQ, want_logits=False, cancel=cancel)
+        runtime, block, cache = self.runtime, self.block_tokens, self.prefix_cache
+        key = tuple(prefix_tokens)
+        reused = 0
+        if cache.enabled:
+            saved, reused = cache.lookup(key)
+            if saved is not None:
+                runtime.restore_seq(PREFIX_SEQ, saved.data)
+                if reused < len(saved.tokens):
+                    runtime.drop(PREFIX_SEQ, reused)
+        boundary = len(prefix_tokens) // block * block  # end of the last whole block
+        fresh: SavedPrefix | None = None
+        if boundary > reused:
+            runtime.decode(prefix_tokens[reused:boundary], reused, PREFIX_SEQ, False, block, cancel=cancel)
+            if cache.enabled:
+                fresh = SavedPrefix(key[:boundary], runtime.save_seq(PREFIX_SEQ))
+        # the partial last block
+        runtime.decode(prefix_tokens[boundary:], boundary, PREFIX_SEQ, False, block, cancel=cancel)
+        if fresh is not None:
+            cache.put(fresh)
         self._cached_prefix = list(prefix_tokens)
         if self.fork_mode == "state":
-            self._snapshot = self.runtime.save_seq(PREFIX_SEQ)
-        return False
+            self._snapshot = runtime.save_seq(PREFIX_SEQ)
+        return reused
 
     def _branch(
         self, n_prefix: int, suffix_tokens: list[int], label_ids: list[int], cancel: Deadline | None = None
@@ -326,8 +365,10 @@ class DecisionEngine:
     ) -> BatchResult:
         n_prefix = len(prefix_tokens)
         t0 = time.perf_counter()
-        reused = self._prefill(prefix_tokens, cancel)
-        prefill_seconds = 0.0 if reused else time.perf_counter() - t0
+        kept = self._cached_prefix == prefix_tokens
+        reused_tokens = self._prefill(prefix_tokens, cancel)
+        reused = reused_tokens == n_prefix
+        prefill_seconds = 0.0 if kept else time.perf_counter() - t0
         hasher = PromptHasher(prefix_tokens)
         results: list[DecisionResult] = []
         suffix_total = 0.0
@@ -366,6 +407,7 @@ class DecisionEngine:
                         prefix_tokens=n_prefix,
                         suffix_tokens=len(plan.suffix_tokens),
                         prefix_reused=reused or index > 0,
+                        prefix_reused_tokens=n_prefix if index > 0 else reused_tokens,
                     ),
                     model=self.model_info,
                 )
@@ -378,6 +420,7 @@ class DecisionEngine:
                 suffix_forward_seconds=suffix_total,
                 prefix_tokens=n_prefix,
                 prefix_reused=reused,
+                prefix_reused_tokens=reused_tokens,
                 decisions=len(planned),
                 input_tokens=input_tokens,
             ),
@@ -417,7 +460,7 @@ class DecisionEngine:
                 outcomes[mode] = readout.option_logits
             except SemifError as exc:
                 log.warning("fork mode %r failed its probe: %s", mode, exc)
-        self._reset()
+        self.reset_prefix_cache()
         if "copy" in outcomes and (
             "state" not in outcomes
             or np.max(np.abs(outcomes["copy"] - outcomes["state"])) <= _PROBE_TOLERANCE

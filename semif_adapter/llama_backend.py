@@ -257,20 +257,22 @@ class LlamaRuntime:
         start_pos: int,
         seq: int,
         want_logits: bool,
+        chunk_size: int = 0,
         cancel: Deadline | None = None,
     ) -> None:
-        """Decode ``tokens`` in fixed ``n_batch`` chunks; logits only for the very last token.
+        """Decode ``tokens`` in fixed chunks (``n_batch`` unless smaller); logits only for the last token.
 
         With ``cancel``, the token is checked before every chunk and, on CPU, between graph nodes; an
         abort raises the token's error. llama.cpp removes the aborted chunk's positions itself; the
         caller still owns the sequence and must drop or reset it.
         """
+        step = min(chunk_size, self.n_batch) if chunk_size > 0 else self.n_batch
         if cancel is None:
-            self._decode(tokens, start_pos, seq, want_logits, None)
+            self._decode(tokens, start_pos, seq, want_logits, step, None)
             return
         self._set_abort_flag(cancel.flag_address)
         try:
-            self._decode(tokens, start_pos, seq, want_logits, cancel)
+            self._decode(tokens, start_pos, seq, want_logits, step, cancel)
         finally:
             self._set_abort_flag(None)
 
@@ -285,13 +287,19 @@ class LlamaRuntime:
         self.lib.llama_set_abort_callback(self.ctx, callback, ctypes.c_void_p(address))
 
     def _decode(
-        self, tokens: Sequence[int], start_pos: int, seq: int, want_logits: bool, cancel: Deadline | None
+        self,
+        tokens: Sequence[int],
+        start_pos: int,
+        seq: int,
+        want_logits: bool,
+        step: int,
+        cancel: Deadline | None,
     ) -> None:
         total = len(tokens)
-        for offset in range(0, total, self.n_batch):
+        for offset in range(0, total, step):
             if cancel is not None:
                 cancel.check()
-            chunk = tokens[offset : offset + self.n_batch]
+            chunk = tokens[offset : offset + step]
             batch = self.batch
             n = len(chunk)
             for i, token in enumerate(chunk):
@@ -327,9 +335,10 @@ class LlamaRuntime:
     def fork(self, src: int = PREFIX_SEQ, dst: int = BRANCH_SEQ) -> None:
         self.lib.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
 
-    def drop(self, seq: int) -> None:
-        if not self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1):
-            raise EngineFailure(f"llama.cpp could not remove sequence {seq}")
+    def drop(self, seq: int, start: int = -1) -> None:
+        """Remove sequence ``seq`` from position ``start`` on (all of it by default)."""
+        if not self.lib.llama_memory_seq_rm(self.memory, seq, start, -1):
+            raise EngineFailure(f"llama.cpp could not remove sequence {seq} from position {start}")
 
     def save_seq(self, seq: int) -> ctypes.Array[ctypes.c_uint8]:
         size = int(self.lib.llama_state_seq_get_size(self.ctx, seq))

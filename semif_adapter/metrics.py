@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0)
 
@@ -26,6 +30,9 @@ class Metrics:
         self.decisions = Counter("semif_decisions", "Decisions scored", registry=r)
         self.input_tokens = Counter("semif_input_tokens", "Prompt tokens decoded or reused", registry=r)
         self.prefill_tokens = Counter("semif_prefill_tokens", "Prefix tokens actually prefilled", registry=r)
+        self.reused_tokens = Counter(
+            "semif_prefix_reused_tokens", "Prefix tokens reused (kept prefix or prefix cache)", registry=r
+        )
         self.busy_rejections = Counter("semif_busy_rejections", "Requests refused with 503 busy", registry=r)
         self.engine_errors = Counter("semif_engine_errors", "Engine failures", registry=r)
         self.deadline_exceeded = Counter(
@@ -46,3 +53,38 @@ class Metrics:
         self.in_flight = Gauge(
             "semif_engine_admitted", "Requests running or waiting for the engine", registry=r
         )
+
+    def record_prefill(self, prefix_tokens: int, reused_tokens: int) -> None:
+        self.prefill_tokens.inc(prefix_tokens - reused_tokens)
+        self.reused_tokens.inc(reused_tokens)
+
+    def watch_prefix_cache(self, stats: Callable[[], Any]) -> None:
+        """Export the engine's prefix-cache counters and size, read at scrape time."""
+        self.registry.register(_PrefixCacheCollector(stats))
+
+
+class _PrefixCacheCollector:
+    _COUNTERS = (
+        ("hits", "Prefix-cache lookups that restored a saved state"),
+        ("misses", "Prefix-cache lookups that found no usable state"),
+        ("evictions", "Saved prefix states evicted to stay within the limits"),
+    )
+    _GAUGES = (
+        ("entries", "Saved prefix states held"),
+        ("tokens", "Prefix tokens held in saved states"),
+        ("bytes", "Host memory held by saved prefix states"),
+    )
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        current = self._stats()
+        for name, text in self._COUNTERS:
+            yield CounterMetricFamily(
+                f"semif_prefix_cache_{name}", text, value=getattr(current, name) if current else 0
+            )
+        for name, text in self._GAUGES:
+            yield GaugeMetricFamily(
+                f"semif_prefix_cache_{name}", text, value=getattr(current, name) if current else 0
+            )

@@ -88,6 +88,9 @@ class DecisionTiming(BaseModel):
     prefix_tokens: int
     suffix_tokens: int
     prefix_reused: bool = Field(description="True when this decision reused a prefix prefilled earlier.")
+    prefix_reused_tokens: int = Field(
+        default=0, description="Prefix tokens not decoded for this decision (kept prefix or prefix cache)."
+    )
 
 
 class ModelInfo(BaseModel):
@@ -135,6 +138,7 @@ class BatchTiming(BaseModel):
     suffix_forward_seconds: float
     prefix_tokens: int
     prefix_reused: bool
+    prefix_reused_tokens: int = Field(default=0, description="Prefix tokens restored instead of decoded.")
     decisions: int
     input_tokens: int
 

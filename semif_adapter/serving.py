@@ -78,6 +78,7 @@ class DecisionService:
         metrics.in_flight.set_function(lambda: self.admission.admitted)
         self.throughput = Throughput()
         metrics.throughput.set_function(lambda: self.throughput.tokens_per_s or 0.0)
+        metrics.watch_prefix_cache(self._prefix_cache_stats)
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -230,9 +231,12 @@ class DecisionService:
         for batch in batches:
             self.metrics.decisions.inc(batch.timing.decisions)
             self.metrics.input_tokens.inc(batch.timing.input_tokens)
-            if batch.timing.prefill_seconds > 0:
-                self.metrics.prefill_tokens.inc(batch.timing.prefix_tokens)
+            self.metrics.record_prefill(batch.timing.prefix_tokens, batch.timing.prefix_reused_tokens)
         return batches, waited, engine_s
+
+    def _prefix_cache_stats(self) -> object | None:
+        stats = getattr(self.engine, "prefix_cache_stats", None)  # stand-in engines have no cache
+        return stats() if callable(stats) else None
 
     async def _check_health(self) -> None:
         """After an engine failure, probe once: a scorer that cannot score the probe is dead."""

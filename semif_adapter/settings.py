@@ -37,6 +37,20 @@ class Settings(BaseSettings):
         default="auto",
         description="How a decision branches off the shared prefix: seq copy, or state save/restore.",
     )
+    prefix_block_tokens: int = Field(
+        default=128,
+        ge=16,
+        description="Prefix decode chunk and unit of prefix reuse (capped at n_batch); changing it "
+        "changes the split, so probabilities may move in the last digits.",
+    )
+    prefix_cache_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Tokens of saved prefix states kept across requests; 0 (default, see README) disables.",
+    )
+    prefix_cache_bytes: int = Field(
+        default=1 << 30, ge=0, description="Host memory for saved prefix states, in bytes; 0 disables."
+    )
     max_decisions: int = Field(default=64, ge=1, le=4096, description="Decisions per request.")
     max_options: int = Field(default=255, ge=2, le=255, description="Options per decision.")
     max_request_tokens: int = Field(

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hybrid_model import ensure_hybrid_model
 from support import LiveServer, engine_settings, make_model_dir, start_server, wait_for_ping
 
 from semif_adapter.demo_models import ensure_model
@@ -32,6 +33,15 @@ def qwen_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def hybrid_gguf(request: pytest.FixtureRequest, qwen_gguf: Path) -> Path:
+    """A tiny random ``qwen35`` (hybrid recurrent + attention) model, built once and cached."""
+    cache = request.config.cache
+    if cache is not None:
+        return ensure_hybrid_model(Path(cache.mkdir("hybrid-gguf")), qwen_gguf)
+    return ensure_hybrid_model(request.getfixturevalue("tmp_path_factory").mktemp("hybrid"), qwen_gguf)
+
+
+@pytest.fixture(scope="session")
 def gemma_engine(gemma_gguf: Path) -> Iterator[DecisionEngine]:
     engine = DecisionEngine.load(engine_settings(), gemma_gguf)
     yield engine
@@ -45,9 +55,17 @@ def qwen_engine(qwen_gguf: Path) -> Iterator[DecisionEngine]:
     engine.close()
 
 
-@pytest.fixture(scope="session", params=["gemma", "qwen"])
+@pytest.fixture(scope="session")
+def hybrid_engine(hybrid_gguf: Path) -> Iterator[DecisionEngine]:
+    engine = DecisionEngine.load(engine_settings(), hybrid_gguf)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session", params=["gemma", "qwen", "hybrid"])
 def engine(request: pytest.FixtureRequest) -> DecisionEngine:
-    """Each engine test runs on both real models (base/plain prompt and ChatML template)."""
+    """Each engine test runs on both real models (base/plain prompt and ChatML template) and on the
+    tiny hybrid fixture (the production architecture's memory: no partial sequence removal)."""
     return request.getfixturevalue(f"{request.param}_engine")
 
 

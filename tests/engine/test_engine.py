@@ -45,7 +45,7 @@ def reference_logits(engine: DecisionEngine, request: dict) -> np.ndarray:
     prefix, suffixes = engine.prompt_tokens([request])
     runtime = engine.runtime
     engine.reset_prefix_cache()
-    runtime.decode(prefix, 0, PREFIX_SEQ, want_logits=False)
+    runtime.decode(prefix, 0, PREFIX_SEQ, want_logits=False, chunk_size=engine.block_tokens)
     runtime.decode(suffixes[0], len(prefix), PREFIX_SEQ, want_logits=True)
     logits = runtime.last_logits()[engine.label_token_ids(len(request["options"]))].astype(np.float64)
     engine.reset_prefix_cache()

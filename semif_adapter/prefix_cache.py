@@ -1,0 +1,133 @@
+"""Saved prefix states, reused across requests at block granularity (agent loops, several agents).
+
+A prefix is decoded in fixed blocks of ``block`` tokens from position 0. After the last whole block
+the engine saves the sequence's state (``llama_state_seq_get_data``: KV cells, and for recurrent or
+hybrid models the recurrent state too) and files it here under the tokens it holds. A later prefix
+that starts with the same whole blocks restores that state and decodes only the rest, in the same
+aligned blocks — so every token is computed in exactly the chunk a cold prefill would use, and the
+answer is bit-identical whether the cache was cold, warm, or full of other agents' states.
+
+Why saved states in host memory rather than extra llama.cpp sequences:
+
+* recurrent and hybrid memory (Qwen3.5) cannot remove the tail of a sequence, so reuse needs a state
+  taken exactly at a block boundary; llama.cpp's ``n_rs_seq`` only rolls a sequence back by a few
+  tokens (speculative decoding), not to an arbitrary earlier block;
+* a restored state lands in the context's first cells, exactly where a cold prefill puts it, so the
+  attention reductions see the same cell order — sequences scattered among other agents' cells
+  would not guarantee that;
+* the context only ever holds the request at hand: a cached state never takes a cell from it, so no
+  request is refused or slowed by what is cached (the context needs no eviction at all).
+
+The entries are immutable: one is filed only after its prefill succeeded (see ``DecisionEngine``),
+so a failure or abort mid-prefill never leaves a half-written entry behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SavedPrefix:
+    """One saved sequence state: the first ``len(tokens)`` prefix tokens, a whole number of blocks."""
+
+    tokens: tuple[int, ...]
+    data: ctypes.Array[ctypes.c_uint8]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    entries: int
+    tokens: int
+    bytes: int
+    hits: int
+    misses: int
+    evictions: int
+
+
+def common_blocks(a: tuple[int, ...], b: tuple[int, ...], block: int) -> int:
+    """How many leading whole blocks of ``block`` tokens ``a`` and ``b`` share."""
+    n = 0
+    limit = min(len(a), len(b)) // block
+    while n < limit and a[n * block : (n + 1) * block] == b[n * block : (n + 1) * block]:
+        n += 1
+    return n
+
+
+class PrefixCache:
+    """An LRU of saved prefix states bounded in tokens and bytes (either bound 0 disables it)."""
+
+    def __init__(self, max_tokens: int, max_bytes: int, block: int, partial_reuse: bool) -> None:
+        self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
+        self.block = block
+        # attention-only memory can drop a restored state's tail blocks; recurrent memory cannot,
+        # so there a saved state is usable only when the prefix starts with all of it
+        self.partial_reuse = partial_reuse
+        self._entries: OrderedDict[tuple[int, ...], SavedPrefix] = OrderedDict()
+        self._tokens = 0
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_tokens > 0 and self.max_bytes > 0
+
+    def lookup(self, prefix: tuple[int, ...]) -> tuple[SavedPrefix | None, int]:
+        """The saved state sharing the most whole blocks with ``prefix``, and that many tokens."""
+        best: SavedPrefix | None = None
+        best_blocks = 0
+        for entry in self._entries.values():
+            blocks = common_blocks(entry.tokens, prefix, self.block)
+            if not self.partial_reuse and blocks * self.block != len(entry.tokens):
+                continue
+            if blocks > best_blocks:
+                best, best_blocks = entry, blocks
+        if best is None:
+            self.misses += 1
+            return None, 0
+        self.hits += 1
+        self._entries.move_to_end(best.tokens)
+        return best, best_blocks * self.block
+
+    def put(self, entry: SavedPrefix) -> None:
+        """File a complete state; states it extends are dropped, then the least recently used."""
+        if not self.enabled or not entry.tokens:
+            return
+        if len(entry.tokens) > self.max_tokens or entry.nbytes > self.max_bytes:
+            return  # larger than the whole cache: keeping it would evict everything for nothing
+        for key in [k for k in self._entries if entry.tokens[: len(k)] == k]:
+            self._remove(key)  # the same conversation grew: the new state covers the old one
+        self._entries[entry.tokens] = entry
+        self._tokens += len(entry.tokens)
+        self._bytes += entry.nbytes
+        while self._tokens > self.max_tokens or self._bytes > self.max_bytes:
+            self._remove(next(iter(self._entries)))
+            self.evictions += 1
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._tokens = self._bytes = 0
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            entries=len(self._entries),
+            tokens=self._tokens,
+            bytes=self._bytes,
+            hits=self.hits,
+            misses=self.misses,
+            evictions=self.evictions,
+        )
+
+    def _remove(self, key: tuple[int, ...]) -> None:
+        entry = self._entries.pop(key)
+        self._tokens -= len(entry.tokens)
+        self._bytes -= entry.nbytes

@@ -1,0 +1,229 @@
+"""The prefix cache never changes an answer: a scripted agent loop run three ways on every model.
+
+1. no cache (every request prefills its whole state),
+2. the cache, one agent after another,
+3. the cache shared by interleaved agents, small enough to evict,
+
+must give bit-identical probabilities and logits for every decision. Also: a failure mid-prefill
+files nothing, and a request that needs the whole context is served whatever is cached.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import engine_settings
+
+from semif_adapter.engine import DecisionEngine
+from semif_adapter.errors import EngineFailure, TokenBudgetExceeded
+
+BLOCK = 32
+N_CTX = 2048
+AGENTS = ("ops", "billing", "search")
+TURNS = 3
+BRIEFS = {
+    "ops": "You watch the production cluster. Nodes: 12. Alert policy: page on any 5xx burst.",
+    "billing": "You reconcile invoices for the finance team. Currency: EUR. Month end is in 3 days.",
+    "search": "You keep the search index fresh. Corpus: 2.1M documents. Reindex budget: 4 hours.",
+}
+EVENTS = [
+    "Tool result: disk usage on node-{n} is {p}% and rising by 1% an hour.",
+    "Observation: the queue depth went from {n} to {p} in five minutes.",
+    "Tool result: last deploy was {n} hours ago, error rate {p} per mille.",
+    "Observation: a customer wrote that request #{n}{p} failed twice.",
+]
+ACTIONS = ["wait", "inspect", "restart", "scale", "escalate", "finish"]
+
+
+def transcript(agent: str, turn: int) -> str:
+    rng = random.Random(f"{agent}-history")
+    lines = [BRIEFS[agent]]
+    for step in range(6 + 2 * turn):  # grows about 40 tokens a turn
+        template = EVENTS[step % len(EVENTS)]
+        lines.append(f"[{step:02d}] " + template.format(n=rng.randint(1, 99), p=rng.randint(1, 99)))
+    return "\n".join(lines)
+
+
+def turn_decisions(agent: str, turn: int) -> list[dict]:
+    state = transcript(agent, turn)
+    return [
+        {
+            "id": "next",
+            "state": state,
+            "question": "What should the agent do next?",
+            "options": [{"id": a} for a in ACTIONS],
+        },
+        {
+            "id": "done",
+            "state": state,
+            "question": "Is the task done?",
+            "options": [{"id": "yes"}, {"id": "no"}],
+        },
+    ]
+
+
+Answers = dict[tuple[str, int, str], tuple[list[float], list[float]]]
+
+
+def play(engine: DecisionEngine, schedule: list[tuple[str, int]], *, cold: bool) -> tuple[Answers, list[int]]:
+    answers: Answers = {}
+    reused: list[int] = []
+    for agent, turn in schedule:
+        if cold:
+            engine.reset_prefix_cache()
+        batch = engine.score(turn_decisions(agent, turn))
+        reused.append(batch.timing.prefix_reused_tokens)
+        for r in batch.results:
+            answers[(agent, turn, r.id)] = (r.probabilities, r.option_logits)
+    return answers, reused
+
+
+def sequential() -> list[tuple[str, int]]:
+    return [(agent, turn) for agent in AGENTS for turn in range(TURNS)]
+
+
+def interleaved() -> list[tuple[str, int]]:
+    """Agents take turns irregularly (so a small LRU both hits and evicts); each agent in order."""
+    rng = random.Random(3)
+    next_turn = dict.fromkeys(AGENTS, 0)
+    schedule = []
+    while any(t < TURNS for t in next_turn.values()):
+        agent = rng.choice([a for a in AGENTS if next_turn[a] < TURNS])
+        schedule.append((agent, next_turn[agent]))
+        if rng.random() < 0.3:
+            schedule.append((agent, next_turn[agent]))  # the same state asked again
+        next_turn[agent] += 1
+    return schedule
+
+
+@pytest.fixture(scope="module", params=["gemma", "qwen", "hybrid"])
+def model_gguf(request: pytest.FixtureRequest) -> Path:
+    return request.getfixturevalue(f"{request.param}_gguf")
+
+
+def load(gguf: Path, **cache: int) -> DecisionEngine:
+    cache = {"prefix_cache_tokens": 1 << 16, **cache}
+    return DecisionEngine.load(engine_settings(n_ctx=N_CTX, prefix_block_tokens=BLOCK, **cache), gguf)
+
+
+@pytest.fixture(scope="module")
+def cached_engine(model_gguf: Path) -> Iterator[DecisionEngine]:
+    engine = load(model_gguf)
+    yield engine
+    engine.close()
+
+
+def test_agent_loop_answers_do_not_depend_on_the_cache(
+    model_gguf: Path, cached_engine: DecisionEngine
+) -> None:
+    engine = cached_engine
+    baseline, cold_reused = play(engine, sequential(), cold=True)
+    assert set(cold_reused) == {0}
+
+    engine.reset_prefix_cache()
+    warm, warm_reused = play(engine, sequential(), cold=False)
+    assert warm == baseline  # probabilities and logits, bit for bit
+    # every turn after an agent's first reuses whole blocks of its previous transcript
+    assert all(r > 0 and r % BLOCK == 0 for i, r in enumerate(warm_reused) if i % TURNS)
+
+    prefix_sizes = [len(engine.prompt_tokens(turn_decisions(a, TURNS - 1))[0]) for a in AGENTS]
+    small = load(model_gguf, prefix_cache_tokens=2 * max(prefix_sizes) + BLOCK)  # ~2 agents of 3
+    try:
+        shared, shared_reused = play(small, interleaved(), cold=False)
+        stats = small.prefix_cache_stats()
+    finally:
+        small.close()
+    assert shared == baseline
+    assert stats.evictions > 0 and stats.hits > 0 and sum(shared_reused) > 0
+    assert stats.tokens <= 2 * max(prefix_sizes) + BLOCK
+
+
+def test_cache_off_reuses_only_the_kept_prefix(model_gguf: Path) -> None:
+    engine = load(model_gguf, prefix_cache_tokens=0)
+    try:
+        _, reused = play(engine, [("ops", 0), ("ops", 1), ("ops", 1)], cold=False)
+        assert not engine.prefix_cache.enabled and engine.prefix_cache_stats().entries == 0
+        n_prefix = len(engine.prompt_tokens(turn_decisions("ops", 1))[0])
+    finally:
+        engine.close()
+    assert reused == [0, 0, n_prefix]
+
+
+def test_failure_mid_prefill_files_nothing(cached_engine: DecisionEngine, monkeypatch) -> None:
+    """An engine fault cannot be provoked from a healthy model, so one decode call is made to fail."""
+    engine = cached_engine
+    engine.reset_prefix_cache()
+    expected, _ = play(engine, [("billing", 2)], cold=True)
+    engine.score(turn_decisions("billing", 0))
+    before = engine.prefix_cache_stats()
+    real_decode = engine.runtime.decode
+    calls = []
+
+    def failing_decode(tokens, start_pos, seq, want_logits, chunk_size=0):  # type: ignore[no-untyped-def]
+        calls.append(start_pos)
+        if len(calls) == 2:  # after the first blocks, before the tail: the state is half-built
+            raise EngineFailure("injected decode failure")
+        return real_decode(tokens, start_pos, seq, want_logits, chunk_size)
+
+    monkeypatch.setattr(engine.runtime, "decode", failing_decode)
+    with pytest.raises(EngineFailure, match="injected"):
+        engine.score(turn_decisions("billing", 2))
+    monkeypatch.undo()
+    after = engine.prefix_cache_stats()
+    assert (after.entries, after.tokens, after.bytes) == (before.entries, before.tokens, before.bytes)
+    again, reused = play(engine, [("billing", 2)], cold=False)
+    assert again == expected and reused[0] > 0  # the earlier, complete state is still used
+
+
+def test_a_full_context_request_is_served_whatever_is_cached(model_gguf: Path) -> None:
+    """Saved states live in host memory: the context is all the request's, full cache or not."""
+    n_ctx = 512
+    engine = DecisionEngine.load(
+        engine_settings(
+            n_ctx=n_ctx, prefix_block_tokens=BLOCK, max_request_tokens=n_ctx, prefix_cache_tokens=1 << 16
+        ), model_gguf
+    )
+    try:
+        play(engine, [(agent, 0) for agent in AGENTS], cold=False)
+        assert engine.prefix_cache_stats().entries == len(AGENTS)
+        words = [f"w{i}" for i in range(n_ctx)]
+        big = turn_decisions("ops", 0)[1]
+        lo, hi = 0, len(words)
+        while lo < hi:  # the longest state that still fits the context with this decision
+            mid = (lo + hi + 1) // 2
+            try:
+                engine.prompt_tokens([{**big, "state": " ".join(words[:mid])}])
+                lo = mid
+            except TokenBudgetExceeded:
+                hi = mid - 1
+        request = {**big, "state": " ".join(words[:lo])}
+        result = engine.score([request]).results[0]
+        assert result.input_tokens > n_ctx - 8
+        engine.reset_prefix_cache()
+        assert engine.score([request]).results[0].probabilities == result.probabilities
+    finally:
+        engine.close()
+
+
+def test_a_diverging_state_reuses_only_the_shared_blocks(cached_engine: DecisionEngine) -> None:
+    """A saved state longer than the common part: attention models drop its tail, hybrid ones cannot."""
+    engine = cached_engine
+    first = transcript("search", 2)
+    lines = first.split("\n")
+    fork = "\n".join([*lines[: len(lines) // 2], "Tool result: the reindex job was cancelled."])
+    question = turn_decisions("search", 0)[0]
+    cold = {}
+    for state in (first, fork):
+        engine.reset_prefix_cache()
+        cold[state] = engine.score([{**question, "state": state}]).results[0]
+    engine.reset_prefix_cache()
+    engine.score([{**question, "state": first}])
+    warm = engine.score([{**question, "state": fork}]).results[0]
+    assert warm.probabilities == cold[fork].probabilities
+    assert warm.option_logits == cold[fork].option_logits
+    partial = engine.prefix_cache.partial_reuse
+    assert (warm.timing.prefix_reused_tokens > 0) is partial
+    assert warm.timing.prefix_reused_tokens % BLOCK == 0
