@@ -35,10 +35,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 try:
-    from semif_adapter import binding
+    from semif_adapter.engine import binding
 except ModuleNotFoundError:  # run as a file from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from semif_adapter import binding
+    from semif_adapter.engine import binding
 
 # Structs crossing the C boundary by value in calls the engine makes: llama_model_load_from_file,
 # llama_init_from_model, llama_*_default_params (returned), llama_batch_init (returned), llama_decode.
@@ -362,7 +362,7 @@ def cmd_compare(args: argparse.Namespace, scratch: Path) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, scratch: Path) -> int:
-    from semif_adapter.llama_backend import REQUIRED_SYMBOLS
+    from semif_adapter.engine.llama_backend import REQUIRED_SYMBOLS
 
     if args.lib_dir:
         os.environ["LLAMA_CPP_LIB_PATH"] = args.lib_dir

@@ -19,7 +19,7 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any
 
-from .deadline import DISCONNECTED, Deadline
+from .engine.deadline import DISCONNECTED, Deadline
 from .errors import DecisionValidationError
 
 TIMEOUT_HEADER = "x-semif-timeout-s"

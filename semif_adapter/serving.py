@@ -16,7 +16,7 @@ from typing import Protocol
 
 from . import request_scope
 from .admission import Admission
-from .deadline import ClientDisconnected, Deadline, DeadlineExceeded
+from .engine.deadline import ClientDisconnected, Deadline, DeadlineExceeded
 from .errors import EngineFailure, ModelBusy, NotReady, SemifError
 from .metrics import Metrics
 from .protocol import BatchResult, Decision, ModelInfo

@@ -1,4 +1,4 @@
-"""The tolerant loader (semif_adapter/binding.py) against real shared libraries.
+"""The tolerant loader (semif_adapter/engine/binding.py) against real shared libraries.
 
 A tiny libllama is built with gcc exporting only chosen symbols (as an older llama.cpp release would) and
 the real llama-cpp-python 0.3.36 binding from its sdist is imported against it, each case in a fresh
@@ -19,7 +19,7 @@ import pytest
 from deploy_helpers import REPO_ROOT
 from sdists import sdist
 
-from semif_adapter.llama_backend import REQUIRED_SYMBOLS
+from semif_adapter.engine.llama_backend import REQUIRED_SYMBOLS
 
 VERSIONS = {"llama_version": "0.4.1", "ggml_version": "0.9.4", "ggml_commit": "f00dcafe"}
 
@@ -47,8 +47,8 @@ def run_python(
 
 LOAD = """
 import json
-from semif_adapter import binding
-from semif_adapter.llama_backend import REQUIRED_SYMBOLS
+from semif_adapter.engine import binding
+from semif_adapter.engine.llama_backend import REQUIRED_SYMBOLS
 llama_cpp = binding.load(REQUIRED_SYMBOLS)
 print(json.dumps({"version": llama_cpp.__version__, "path": binding.loaded_path(),
                   "unbound": binding.unbound_wrappers(),
@@ -125,15 +125,15 @@ def test_unloadable_library_is_one_line_naming_the_path(tmp_path: Path) -> None:
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(
-        f"semif_adapter.binding.BindingError: cannot load libllama ({lib_dir / 'libllama.so'}):"
+        f"semif_adapter.engine.binding.BindingError: cannot load libllama ({lib_dir / 'libllama.so'}):"
     )
 
 
 def test_real_library_missing_a_required_symbol(tmp_path: Path) -> None:
     """The installed binding on its own libllama, with a symbol no release exports added to the list."""
     code = (
-        "from semif_adapter import binding\n"
-        "from semif_adapter.llama_backend import REQUIRED_SYMBOLS\n"
+        "from semif_adapter.engine import binding\n"
+        "from semif_adapter.engine.llama_backend import REQUIRED_SYMBOLS\n"
         "try:\n    binding.load((*REQUIRED_SYMBOLS, 'llama_no_such_symbol'))\n"
         "except binding.BindingError as exc:\n    print(exc)\n"
     )
@@ -152,7 +152,7 @@ def test_recorded_version_mismatch_refuses_to_serve(tmp_path: Path) -> None:
     fake_libllama(lib_dir, list(REQUIRED_SYMBOLS))
     record = tmp_path / "llama-abi.json"
     code = (
-        "import sys\nfrom semif_adapter import llama_backend\n"
+        "import sys\nfrom semif_adapter.engine import llama_backend\n"
         "try:\n    llama_backend.import_llama_cpp(__import__('pathlib').Path(sys.argv[1]))\n"
         "except llama_backend.ModelLoadError as exc:\n    print(exc)\nelse:\n    print('accepted')\n"
     )

@@ -30,7 +30,7 @@ def test_repo_manifest_pins_the_production_model() -> None:
 
 
 def test_prompt_version_matches_the_engine() -> None:
-    from semif_adapter.prompt import PROMPT_VERSION
+    from semif_adapter.engine.prompt import PROMPT_VERSION
 
     assert load_manifest(REPO_ROOT / "model-manifest.json").prompt_version == PROMPT_VERSION
 

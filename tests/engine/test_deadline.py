@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from semif_adapter.deadline import DEADLINE, ClientDisconnected, Deadline, DeadlineExceeded
 from semif_adapter.engine import DecisionEngine
-from semif_adapter.llama_backend import PREFIX_SEQ
+from semif_adapter.engine.deadline import DEADLINE, ClientDisconnected, Deadline, DeadlineExceeded
+from semif_adapter.engine.llama_backend import PREFIX_SEQ
 from semif_adapter.protocol import BatchResult, Decision
 from semif_adapter.throughput import Throughput
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from semif_adapter.engine import DecisionEngine
-from semif_adapter.llama_backend import PREFIX_SEQ
+from semif_adapter.engine.llama_backend import PREFIX_SEQ
 
 STATE = (
     "At 09:12 the checkout page started returning HTTP 500 for every customer. The error rate on "

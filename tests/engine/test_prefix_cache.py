@@ -6,8 +6,8 @@ import ctypes
 
 from prometheus_client import generate_latest
 
+from semif_adapter.engine.prefix_cache import PrefixCache, SavedPrefix, common_blocks
 from semif_adapter.metrics import Metrics
-from semif_adapter.prefix_cache import PrefixCache, SavedPrefix, common_blocks
 
 
 def saved(tokens: list[int], nbytes: int = 100) -> SavedPrefix:

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from support import engine_settings
 
-from semif_adapter import llama_backend
-from semif_adapter.engine import DecisionEngine
+from semif_adapter.engine import DecisionEngine, llama_backend
 from semif_adapter.errors import DecisionValidationError, EngineFailure, ModelLoadError, TokenBudgetExceeded
 
 BASE = {

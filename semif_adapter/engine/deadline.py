@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .errors import SemifError
+from ..errors import SemifError
 
 DEADLINE = "deadline"
 DISCONNECTED = "disconnected"

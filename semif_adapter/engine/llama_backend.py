@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import EngineFailure, ModelLoadError
 from . import binding
-from .errors import EngineFailure, ModelLoadError
 
 if TYPE_CHECKING:
     from .deadline import Deadline

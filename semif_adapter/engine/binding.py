@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 HELPERS = "llama_cpp._ctypes_extensions"
 

@@ -29,15 +29,10 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from .calibration import Calibration, apply_temperature, find_calibration
-from .deadline import Deadline
-from .errors import DecisionValidationError, EngineFailure, SemifError, TokenBudgetExceeded
-from .labels import LabelSet, build_label_set
-from .llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
-from .manifest import verify_model_file
-from .prefix_cache import CacheStats, PrefixCache, SavedPrefix
-from .prompt import PROMPT_VERSION, PromptHasher, Scaffold, build_scaffold, decision_text
-from .protocol import (
+from ..calibration import Calibration, apply_temperature, find_calibration
+from ..errors import DecisionValidationError, EngineFailure, SemifError, TokenBudgetExceeded
+from ..manifest import verify_model_file
+from ..protocol import (
     BatchResult,
     BatchTiming,
     CalibrationApplied,
@@ -46,7 +41,12 @@ from .protocol import (
     DecisionTiming,
     ModelInfo,
 )
-from .settings import Settings
+from ..settings import Settings
+from .deadline import Deadline
+from .labels import LabelSet, build_label_set
+from .llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
+from .prefix_cache import CacheStats, PrefixCache, SavedPrefix
+from .prompt import PROMPT_VERSION, PromptHasher, Scaffold, build_scaffold, decision_text
 
 log = logging.getLogger(__name__)
 
