@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -210,3 +211,43 @@ def wait_for_ping(server: LiveServer, timeout: float) -> None:
                 return
             time.sleep(0.02)
     raise RuntimeError(f"server not ready within {timeout} s:\n{server.log_text()}")
+
+
+@dataclass
+class RequestInFlight:
+    """One decision request running on a thread; ``status`` is set when its answer arrives."""
+
+    thread: threading.Thread
+    outcome: dict[str, int]
+
+    @property
+    def status(self) -> int | None:
+        return self.outcome.get("status")
+
+
+def start_request_in_engine(server: LiveServer, events: int, timeout: float = 30) -> RequestInFlight:
+    """Send a decision over a state of ``events`` lines and return once the engine is working on it.
+
+    For shutdown tests: the request is known to be admitted (``semif_engine_admitted`` is 1) before the
+    caller signals the server.
+    """
+    decision = {
+        "id": "long",
+        "state": " ".join(f"Event {i}: the queue depth grew again." for i in range(events)),
+        "question": "Is it growing?",
+        "options": [{"id": "y"}, {"id": "n"}],
+    }
+    outcome: dict[str, int] = {}
+
+    def call() -> None:
+        with httpx.Client(timeout=120) as client:
+            response = client.post(server.url + "/invocations", json={"decision": decision})
+            outcome["status"] = response.status_code
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while "semif_engine_admitted 1.0" not in httpx.get(server.url + "/metrics").text:
+        assert time.monotonic() < deadline, "the request never reached the engine"
+        time.sleep(0.01)
+    return RequestInFlight(thread, outcome)

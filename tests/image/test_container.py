@@ -5,14 +5,12 @@ container through SEMIF_TEST_URL."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
-import httpx
 from conftest import ImageUnderTest
 from imagectl import exec_in, podman
-from support import LiveServer, wait_for_ping
+from support import LiveServer, start_request_in_engine, wait_for_ping
 
 from scripts.test_image import run_container
 
@@ -74,32 +72,13 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_zero(under_test: Image
     try:
         server = LiveServer(url)
         wait_for_ping(server, timeout=300)
-        decision = {
-            "id": "long",
-            "state": " ".join(f"Event {i}: the queue depth grew again." for i in range(20)),
-            "question": "Is it growing?",
-            "options": [{"id": "y"}, {"id": "n"}],
-        }
-        outcome: dict[str, int] = {}
-
-        def call() -> None:
-            with httpx.Client(timeout=120) as client:
-                outcome["status"] = client.post(
-                    server.url + "/invocations", json={"decision": decision}
-                ).status_code
-
-        worker = threading.Thread(target=call)
-        worker.start()
-        deadline = time.monotonic() + 30
-        while "semif_engine_admitted 1.0" not in httpx.get(server.url + "/metrics").text:
-            assert time.monotonic() < deadline, "the request never reached the engine"
-            time.sleep(0.01)
+        in_flight = start_request_in_engine(server, events=20)
         started = time.monotonic()
         podman("stop", "--time", str(GRACE_S), name)
         stopped_after = time.monotonic() - started
-        worker.join(120)
+        in_flight.thread.join(120)
         state = json.loads(podman("inspect", "--format", "{{json .State}}", name).stdout)
-        assert outcome.get("status") == 200
+        assert in_flight.status == 200
         assert state["ExitCode"] == 0, podman("logs", name).stderr[-2000:]
         assert stopped_after < GRACE_S, f"took {stopped_after:.1f} s: the runtime had to SIGKILL it"
     finally:
