@@ -162,11 +162,11 @@ def test_failure_mid_prefill_files_nothing(cached_engine: DecisionEngine, monkey
     real_decode = engine.runtime.decode
     calls = []
 
-    def failing_decode(tokens, start_pos, seq, want_logits, chunk_size=0):  # type: ignore[no-untyped-def]
+    def failing_decode(tokens, start_pos, *args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(start_pos)
         if len(calls) == 2:  # after the first blocks, before the tail: the state is half-built
             raise EngineFailure("injected decode failure")
-        return real_decode(tokens, start_pos, seq, want_logits, chunk_size)
+        return real_decode(tokens, start_pos, *args, **kwargs)
 
     monkeypatch.setattr(engine.runtime, "decode", failing_decode)
     with pytest.raises(EngineFailure, match="injected"):
