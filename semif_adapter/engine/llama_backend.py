@@ -110,6 +110,9 @@ def _load_backend_plugins(llama_cpp: Any) -> None:
 
 
 _LOG_CALLBACK: Any = None
+# The token of the decode in flight: llama.cpp logs an aborted decode as an error, which it is not when
+# the abort was asked for (a deadline or a caller who left).
+_ACTIVE_CANCEL: Deadline | None = None
 
 
 def _init_backend(llama_cpp: Any, verbose: bool) -> None:
@@ -122,7 +125,11 @@ def _init_backend(llama_cpp: Any, verbose: bool) -> None:
             @llama_cpp.llama_log_callback
             def _quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
                 if level == 4 and text:  # GGML_LOG_LEVEL_ERROR
-                    log.error("llama.cpp: %s", text.decode("utf-8", "replace").rstrip())
+                    message = text.decode("utf-8", "replace").rstrip()
+                    if _ACTIVE_CANCEL is not None and _ACTIVE_CANCEL.cancelled:
+                        log.info("llama.cpp (decode aborted on request): %s", message)
+                    else:
+                        log.error("llama.cpp: %s", message)
 
             _LOG_CALLBACK = _quiet  # keep a reference: llama.cpp holds the raw pointer
             llama_cpp.llama_log_set(_quiet, ctypes.c_void_p(0))
@@ -270,10 +277,13 @@ class LlamaRuntime:
         if cancel is None:
             self._decode(tokens, start_pos, seq, want_logits, step, None)
             return
+        global _ACTIVE_CANCEL
         self._set_abort_flag(cancel.flag_address)
+        _ACTIVE_CANCEL = cancel
         try:
             self._decode(tokens, start_pos, seq, want_logits, step, cancel)
         finally:
+            _ACTIVE_CANCEL = None
             self._set_abort_flag(None)
 
     def _set_abort_flag(self, address: int | None) -> None:

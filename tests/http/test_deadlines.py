@@ -101,6 +101,8 @@ def test_big_request_stops_at_its_deadline_and_the_next_caller_is_served_unchang
     assert after.json()["result"]["option_logits"] == before.json()["result"]["option_logits"]
     assert _metric(server, "semif_deadline_exceeded_total", '{stage="aborted"}') == 1.0
     assert _metric(server, "semif_requests_total", '{route="/invocations",status="504"}') == 1.0
+    # an abort that was asked for is not an engine error: nothing is logged at error level
+    assert not [line for line in server.log_text().splitlines() if '"level": "error"' in line]
 
 
 def test_systemone_keeps_its_detail_shape(client: httpx.Client) -> None:
