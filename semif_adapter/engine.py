@@ -105,6 +105,7 @@ class DecisionEngine:
             settings.prefix_cache_bytes,
             self.block_tokens,
             partial_reuse=not (runtime.is_recurrent or runtime.is_hybrid),
+            partial_limit=runtime.n_swa,
         )
         self.fork_mode = settings.fork_mode if settings.fork_mode != "auto" else self._probe_fork_mode()
         self.model_info = ModelInfo(
@@ -302,7 +303,7 @@ class DecisionEngine:
         boundary = len(prefix_tokens) // block * block  # end of the last whole block
         fresh: SavedPrefix | None = None
         if boundary > reused:
-            runtime.decode(prefix_tokens[reused:boundary], reused, PREFIX_SEQ, False, block)
+            self._decode_blocks(prefix_tokens, reused, boundary)
             if cache.enabled:
                 fresh = SavedPrefix(key[:boundary], runtime.save_seq(PREFIX_SEQ))
         runtime.decode(prefix_tokens[boundary:], boundary, PREFIX_SEQ, False, block)  # the partial block
@@ -312,6 +313,22 @@ class DecisionEngine:
         if self.fork_mode == "state":
             self._snapshot = runtime.save_seq(PREFIX_SEQ)
         return reused
+
+    def _decode_blocks(self, tokens: list[int], start: int, end: int) -> None:
+        """Decode whole blocks ``tokens[start:end]``.
+
+        On a sliding-window model, a saved sequence state holds only the window's cells, so after a
+        restore the window cache has fewer cells than after a cold prefill; the CPU kernels split
+        their work by that cell count and round differently. Saving and restoring the sequence
+        after each block gives every prefill, cold or warm, the same cache layout and bytes.
+        """
+        runtime, block = self.runtime, self.block_tokens
+        if not (self.prefix_cache.enabled and runtime.n_swa > 0):
+            runtime.decode(tokens[start:end], start, PREFIX_SEQ, False, block)
+            return
+        for offset in range(start, end, block):
+            runtime.decode(tokens[offset : offset + block], offset, PREFIX_SEQ, False, block)
+            runtime.restore_seq(PREFIX_SEQ, runtime.save_seq(PREFIX_SEQ))
 
     def _branch(self, n_prefix: int, suffix_tokens: list[int], label_ids: list[int]) -> _Readout:
         """Decode one suffix on a branch of the prefix and read the label logits."""
