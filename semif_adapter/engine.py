@@ -320,10 +320,11 @@ class DecisionEngine:
         On a sliding-window model, a saved sequence state holds only the window's cells, so after a
         restore the window cache has fewer cells than after a cold prefill; the CPU kernels split
         their work by that cell count and round differently. Saving and restoring the sequence
-        after each block gives every prefill, cold or warm, the same cache layout and bytes.
+        after each block gives every prefill, cold or warm, cache on or off, the same cache layout
+        and bytes.
         """
         runtime, block = self.runtime, self.block_tokens
-        if not (self.prefix_cache.enabled and runtime.n_swa > 0):
+        if runtime.n_swa <= 0:
             runtime.decode(tokens[start:end], start, PREFIX_SEQ, False, block)
             return
         for offset in range(start, end, block):
