@@ -106,6 +106,7 @@ class DecisionEngine:
             settings.prefix_cache_bytes,
             self.block_tokens,
             partial_reuse=not (runtime.is_recurrent or runtime.is_hybrid),
+            partial_limit=runtime.n_swa,
         )
         self.fork_mode = settings.fork_mode if settings.fork_mode != "auto" else self._probe_fork_mode()
         self.model_info = ModelInfo(
@@ -313,7 +314,7 @@ class DecisionEngine:
         boundary = len(prefix_tokens) // block * block  # end of the last whole block
         fresh: SavedPrefix | None = None
         if boundary > reused:
-            runtime.decode(prefix_tokens[reused:boundary], reused, PREFIX_SEQ, False, block, cancel=cancel)
+            self._decode_blocks(prefix_tokens, reused, boundary, cancel)
             if cache.enabled:
                 fresh = SavedPrefix(key[:boundary], runtime.save_seq(PREFIX_SEQ))
         # the partial last block
@@ -324,6 +325,25 @@ class DecisionEngine:
         if self.fork_mode == "state":
             self._snapshot = runtime.save_seq(PREFIX_SEQ)
         return reused
+
+    def _decode_blocks(
+        self, tokens: list[int], start: int, end: int, cancel: Deadline | None = None
+    ) -> None:
+        """Decode whole blocks ``tokens[start:end]``.
+
+        On a sliding-window model, a saved sequence state holds only the window's cells, so after a
+        restore the window cache has fewer cells than after a cold prefill; the CPU kernels split
+        their work by that cell count and round differently. Saving and restoring the sequence
+        after each block gives every prefill, cold or warm, cache on or off, the same cache layout
+        and bytes.
+        """
+        runtime, block = self.runtime, self.block_tokens
+        if runtime.n_swa <= 0:
+            runtime.decode(tokens[start:end], start, PREFIX_SEQ, False, block, cancel=cancel)
+            return
+        for offset in range(start, end, block):
+            runtime.decode(tokens[offset : offset + block], offset, PREFIX_SEQ, False, block, cancel=cancel)
+            runtime.restore_seq(PREFIX_SEQ, runtime.save_seq(PREFIX_SEQ))
 
     def _branch(
         self, n_prefix: int, suffix_tokens: list[int], label_ids: list[int], cancel: Deadline | None = None

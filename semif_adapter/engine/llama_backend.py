@@ -51,6 +51,7 @@ REQUIRED_SYMBOLS: tuple[str, ...] = (
     "llama_model_n_ctx_train",
     "llama_model_is_recurrent",
     "llama_model_is_hybrid",
+    "llama_model_n_swa",
     "llama_supports_gpu_offload",
     "llama_get_memory",
     "llama_memory_clear",
@@ -208,6 +209,7 @@ class LlamaRuntime:
         self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self.model))
         self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(self.model))
+        self.n_swa = int(llama_cpp.llama_model_n_swa(self.model))  # > 0: sliding-window layers
         self._closed = False
 
     # --- vocabulary -----------------------------------------------------------------------

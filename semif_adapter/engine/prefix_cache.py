@@ -63,13 +63,18 @@ def common_blocks(a: tuple[int, ...], b: tuple[int, ...], block: int) -> int:
 class PrefixCache:
     """An LRU of saved prefix states bounded in tokens and bytes (either bound 0 disables it)."""
 
-    def __init__(self, max_tokens: int, max_bytes: int, block: int, partial_reuse: bool) -> None:
+    def __init__(
+        self, max_tokens: int, max_bytes: int, block: int, partial_reuse: bool, partial_limit: int = 0
+    ) -> None:
         self.max_tokens = max_tokens
         self.max_bytes = max_bytes
         self.block = block
         # attention-only memory can drop a restored state's tail blocks; recurrent memory cannot,
         # so there a saved state is usable only when the prefix starts with all of it
         self.partial_reuse = partial_reuse
+        # a sliding-window model saves only the window's last cells: a longer state cut short would
+        # lack keys its next tokens attend to, so only states up to the window may be cut (0: any)
+        self.partial_limit = partial_limit
         self._entries: OrderedDict[tuple[int, ...], SavedPrefix] = OrderedDict()
         self._tokens = 0
         self._bytes = 0
@@ -87,7 +92,9 @@ class PrefixCache:
         best_blocks = 0
         for entry in self._entries.values():
             blocks = common_blocks(entry.tokens, prefix, self.block)
-            if not self.partial_reuse and blocks * self.block != len(entry.tokens):
+            whole = blocks * self.block == len(entry.tokens)
+            cuttable = self.partial_reuse and not 0 < self.partial_limit < len(entry.tokens)
+            if not (whole or cuttable):
                 continue
             if blocks > best_blocks:
                 best, best_blocks = entry, blocks

@@ -14,10 +14,12 @@ import random
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from support import engine_settings
 
 from semif_adapter.engine import DecisionEngine
+from semif_adapter.engine.llama_backend import BRANCH_SEQ
 from semif_adapter.errors import EngineFailure, TokenBudgetExceeded
 
 BLOCK = 32
@@ -227,3 +229,39 @@ def test_a_diverging_state_reuses_only_the_shared_blocks(cached_engine: Decision
     partial = engine.prefix_cache.partial_reuse
     assert (warm.timing.prefix_reused_tokens > 0) is partial
     assert warm.timing.prefix_reused_tokens % BLOCK == 0
+
+
+
+def test_gemma_restoring_a_state_past_2048_tokens_is_exact(gemma_gguf: Path) -> None:
+    """Regression: gemma-3 (sliding window 512) once differed by 0.0188 in a probability when a
+    2,048-token state was restored. A saved sequence keeps only the window's cells, so the restored
+    cache had fewer cells than a cold one, and with two threads the CPU kernels split the attention
+    work by that count and rounded differently. The lengths are those of the first failure
+    (prefix 2,177, a 20-token suffix); two threads are pinned so the split happens."""
+    settings = engine_settings(n_ctx=4096, n_threads=2, prefix_block_tokens=128, prefix_cache_tokens=1 << 16)
+    engine = DecisionEngine.load(settings, gemma_gguf)
+    runtime = engine.runtime
+    events = (f"Event {i}: the robot moved crate {i * 7 % 13} to shelf {i * 3 % 11}." for i in range(400))
+    text = " ".join(events)
+    tokens = runtime.tokenize(text, special=False)
+    prefix, suffix = tokens[:2177], tokens[2177:2197]
+
+    def last_logits() -> np.ndarray:
+        runtime.fork()
+        runtime.decode(suffix, len(prefix), BRANCH_SEQ, want_logits=True)
+        logits = runtime.last_logits().copy()
+        runtime.drop(BRANCH_SEQ)
+        return logits
+
+    try:
+        assert runtime.n_swa > 0 and len(suffix) == 20
+        engine.reset_prefix_cache()
+        assert engine._prefill(prefix) == 0
+        cold = last_logits()
+        engine.reset_prefix_cache()
+        engine._prefill(prefix[:2100])  # files the state after 2,048 tokens
+        assert engine._prefill(prefix) == 2048
+        warm = last_logits()
+    finally:
+        engine.close()
+    assert np.array_equal(warm, cold), f"max |dlogit| {np.abs(warm - cold).max()}"

@@ -96,3 +96,12 @@ def test_prometheus_exports_cache_counters_and_size() -> None:
         "semif_prefill_tokens_total 1.0",
     ):
         assert line in text, line
+
+
+def test_a_state_longer_than_the_sliding_window_is_never_cut() -> None:
+    cache = PrefixCache(1000, 10_000, block=4, partial_reuse=True, partial_limit=8)
+    cache.put(saved(list(range(12))))  # 12 > 8: only the window's last cells were saved
+    assert cache.lookup((*range(8), 99, 99, 99, 99)) == (None, 0)
+    cache.put(saved([5] * 8))  # within the window: all its cells are there, cutting is safe
+    entry, reused = cache.lookup((5, 5, 5, 5, 9, 9, 9, 9))
+    assert entry is not None and reused == 4
