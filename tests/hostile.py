@@ -328,7 +328,13 @@ def exchange(
     data = b""
     closed = False
     with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.sendall(payload)
+        try:
+            sock.sendall(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            # the server refused and closed while we were still sending (seen through podman's port
+            # forwarding with a 1 MB header): a closed connection, with whatever it answered first
+            data, _ = _receive(sock, data, time.monotonic() + 1)
+            return Exchange(parse_responses(data), True, data)
         if shutdown_write:
             sock.shutdown(socket.SHUT_WR)
         deadline = time.monotonic() + timeout
