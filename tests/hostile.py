@@ -224,6 +224,16 @@ def _short(status: int, body: Any) -> str:
     return f"{status}: {str(body)[:400]}"  # a body may echo megabytes
 
 
+def check_every_part_read(client: Any, name: str) -> None:
+    """A JSON Lines body split over gzip members / zstd frames answers every line (``client``: httpx or
+    Starlette's TestClient, so the same check runs in-process and against a live server)."""
+    body, encoding = multi_part_jsonlines()[name]
+    headers = {"Content-Type": "application/jsonlines", "Content-Encoding": encoding}
+    response = client.post("/invocations", content=body, headers=headers)
+    assert response.status_code == 200, response.text
+    assert [json.loads(row)["id"] for row in response.text.splitlines()] == ["fixed", "second"]
+
+
 def check_decision_refusal(status: int, body: Any, expected: int | None = None) -> None:
     """A decision-API refusal: a 4xx ``{"error", "type"}``, never a 5xx."""
     assert 400 <= status < 500, _short(status, body)
