@@ -171,8 +171,8 @@ class DecisionEngine:
         parsed = self._parse(decisions)
         prefix_tokens, planned = self._plan(parsed)
         if cancel is not None:
-            reused = self._cached_prefix == prefix_tokens
-            cancel.begin((0 if reused else len(prefix_tokens)) + sum(len(p.suffix_tokens) for p in planned))
+            to_prefill = len(prefix_tokens) - self._reusable(prefix_tokens)
+            cancel.begin(to_prefill + sum(len(p.suffix_tokens) for p in planned))
         try:
             return self._run(prefix_tokens, planned, started, cancel)
         except SemifError:
@@ -290,6 +290,14 @@ class DecisionEngine:
             self.runtime.clear()
         except Exception:  # pragma: no cover - nothing more we can do
             log.exception("could not clear llama.cpp memory")
+
+    def _reusable(self, prefix_tokens: list[int]) -> int:
+        """Prefix tokens the next prefill will not decode (the kept prefix, or a saved state's blocks)."""
+        if self._cached_prefix == prefix_tokens:
+            return len(prefix_tokens)
+        if not self.prefix_cache.enabled:
+            return 0
+        return self.prefix_cache.peek(tuple(prefix_tokens))[1]
 
     def _prefill(self, prefix_tokens: list[int], cancel: Deadline | None = None) -> int:
         """Make sequence 0 hold exactly ``prefix_tokens``; returns how many tokens were reused.

@@ -87,7 +87,20 @@ class PrefixCache:
         return self.max_tokens > 0 and self.max_bytes > 0
 
     def lookup(self, prefix: tuple[int, ...]) -> tuple[SavedPrefix | None, int]:
-        """The saved state sharing the most whole blocks with ``prefix``, and that many tokens."""
+        """The saved state sharing the most whole blocks with ``prefix``, and that many tokens.
+
+        Counts a hit or a miss and marks the state as recently used; ``peek`` does neither.
+        """
+        best, reused = self.peek(prefix)
+        if best is None:
+            self.misses += 1
+            return None, 0
+        self.hits += 1
+        self._entries.move_to_end(best.tokens)
+        return best, reused
+
+    def peek(self, prefix: tuple[int, ...]) -> tuple[SavedPrefix | None, int]:
+        """What ``lookup`` would return, without touching counters or recency (deadline estimates)."""
         best: SavedPrefix | None = None
         best_blocks = 0
         for entry in self._entries.values():
@@ -98,11 +111,6 @@ class PrefixCache:
                 continue
             if blocks > best_blocks:
                 best, best_blocks = entry, blocks
-        if best is None:
-            self.misses += 1
-            return None, 0
-        self.hits += 1
-        self._entries.move_to_end(best.tokens)
         return best, best_blocks * self.block
 
     def put(self, entry: SavedPrefix) -> None:

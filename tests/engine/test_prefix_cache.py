@@ -33,6 +33,18 @@ def test_lookup_takes_the_longest_block_match_and_counts_hits() -> None:
     assert (stats.hits, stats.misses, stats.entries, stats.tokens) == (1, 1, 2, 20)
 
 
+def test_peek_answers_like_lookup_without_counting_or_reordering() -> None:
+    cache = PrefixCache(8, 10_000, block=4, partial_reuse=True)
+    a, b = saved([1] * 4), saved([2] * 4)
+    cache.put(a)
+    cache.put(b)
+    assert cache.peek((1, 1, 1, 1, 9)) == (a, 4)
+    assert cache.peek((9, 9, 9, 9)) == (None, 0)
+    assert (cache.stats().hits, cache.stats().misses) == (0, 0)
+    cache.put(saved([3] * 4))  # a was only peeked at, so it is still the least recently used
+    assert cache.peek((1, 1, 1, 1)) == (None, 0) and cache.peek((2, 2, 2, 2)) == (b, 4)
+
+
 def test_recurrent_memory_needs_the_whole_saved_state() -> None:
     cache = PrefixCache(1000, 10_000, block=4, partial_reuse=False)
     cache.put(saved(list(range(8))))
