@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hybrid_model import ensure_hybrid_model
+from random_models import ensure_random_model
 from support import LiveServer, engine_settings, make_model_dir, start_server, wait_for_ping
 
 from semif_adapter.demo_models import ensure_model
@@ -32,13 +32,23 @@ def qwen_gguf() -> Path:
     return ensure_model("qwen")
 
 
+def _random_gguf(request: pytest.FixtureRequest, arch: str, tokenizer_gguf: Path) -> Path:
+    cache = request.config.cache
+    if cache is not None:
+        return ensure_random_model(arch, Path(cache.mkdir(f"{arch}-gguf")), tokenizer_gguf)
+    return ensure_random_model(arch, request.getfixturevalue("tmp_path_factory").mktemp(arch), tokenizer_gguf)
+
+
 @pytest.fixture(scope="session")
 def hybrid_gguf(request: pytest.FixtureRequest, qwen_gguf: Path) -> Path:
     """A tiny random ``qwen35`` (hybrid recurrent + attention) model, built once and cached."""
-    cache = request.config.cache
-    if cache is not None:
-        return ensure_hybrid_model(Path(cache.mkdir("hybrid-gguf")), qwen_gguf)
-    return ensure_hybrid_model(request.getfixturevalue("tmp_path_factory").mktemp("hybrid"), qwen_gguf)
+    return _random_gguf(request, "qwen35", qwen_gguf)
+
+
+@pytest.fixture(scope="session")
+def mamba_gguf(request: pytest.FixtureRequest, qwen_gguf: Path) -> Path:
+    """A tiny random ``mamba`` (purely recurrent: no KV cells at all) model, built once and cached."""
+    return _random_gguf(request, "mamba", qwen_gguf)
 
 
 @pytest.fixture(scope="session")
@@ -62,10 +72,18 @@ def hybrid_engine(hybrid_gguf: Path) -> Iterator[DecisionEngine]:
     engine.close()
 
 
-@pytest.fixture(scope="session", params=["gemma", "qwen", "hybrid"])
+@pytest.fixture(scope="session")
+def mamba_engine(mamba_gguf: Path) -> Iterator[DecisionEngine]:
+    engine = DecisionEngine.load(engine_settings(), mamba_gguf)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session", params=["gemma", "qwen", "hybrid", "mamba"])
 def engine(request: pytest.FixtureRequest) -> DecisionEngine:
     """Each engine test runs on both real models (base/plain prompt and ChatML template) and on the
-    tiny hybrid fixture (the production architecture's memory: no partial sequence removal)."""
+    tiny random fixtures: hybrid (the production architecture's memory: no partial sequence removal)
+    and pure recurrent (no KV cells at all)."""
     return request.getfixturevalue(f"{request.param}_engine")
 
 

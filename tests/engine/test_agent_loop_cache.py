@@ -19,8 +19,10 @@ import pytest
 from support import engine_settings
 
 from semif_adapter.engine import DecisionEngine
+from semif_adapter.engine.deadline import Deadline, DeadlineExceeded
 from semif_adapter.engine.llama_backend import BRANCH_SEQ
 from semif_adapter.errors import EngineFailure, TokenBudgetExceeded
+from semif_adapter.throughput import Throughput
 
 BLOCK = 32
 N_CTX = 2048
@@ -101,7 +103,7 @@ def interleaved() -> list[tuple[str, int]]:
     return schedule
 
 
-@pytest.fixture(scope="module", params=["gemma", "qwen", "hybrid"])
+@pytest.fixture(scope="module", params=["gemma", "qwen", "hybrid", "mamba"])
 def model_gguf(request: pytest.FixtureRequest) -> Path:
     return request.getfixturevalue(f"{request.param}_gguf")
 
@@ -208,6 +210,32 @@ def test_a_full_context_request_is_served_whatever_is_cached(model_gguf: Path) -
         assert engine.score([request]).results[0].probabilities == result.probabilities
     finally:
         engine.close()
+
+
+def test_refusal_counts_only_the_tokens_the_cache_cannot_supply(cached_engine: DecisionEngine) -> None:
+    """A deadline too short for a cold prefill but long enough for the uncached tail is served."""
+    engine = cached_engine
+    engine.reset_prefix_cache()
+    engine.score(turn_decisions("ops", 1))
+    decisions = turn_decisions("ops", 2)
+    prefix, suffixes = engine.prompt_tokens(decisions)
+    reusable = engine.prefix_cache.peek(tuple(prefix))[1]
+    assert reusable > 0
+    to_decode = len(prefix) - reusable + sum(map(len, suffixes))
+    rate = Throughput(warmup_tokens=1)
+    rate.observe(1000, 100.0)  # pretend 10 tokens/s (slow: the real decode never runs out of time)
+    limit = (to_decode + reusable / 2) / 10.0  # between the warm and the cold estimate
+    hits = engine.prefix_cache_stats().hits
+    token = Deadline(limit, estimate=rate.seconds_for)
+    result = engine.score(decisions, cancel=token)
+    assert not token.refused and token.tokens_needed == to_decode
+    assert result.timing.prefix_reused_tokens == reusable
+    assert engine.prefix_cache_stats().hits == hits + 1  # the estimate's peek is not a hit
+    engine.reset_prefix_cache()
+    cold = Deadline(limit, estimate=rate.seconds_for)
+    with pytest.raises(DeadlineExceeded):
+        engine.score(decisions, cancel=cold)
+    assert cold.refused and cold.tokens_done == 0
 
 
 def test_a_diverging_state_reuses_only_the_shared_blocks(cached_engine: DecisionEngine) -> None:
