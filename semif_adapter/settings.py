@@ -44,9 +44,7 @@ class Settings(BaseSettings):
         "changes the split, so probabilities may move in the last digits.",
     )
     prefix_cache_tokens: int = Field(
-        default=0,
-        ge=0,
-        description="Tokens of saved prefix states kept across requests; 0 (default, see README) disables.",
+        default=65536, ge=0, description="Tokens of saved prefix states kept across requests; 0 disables."
     )
     prefix_cache_bytes: int = Field(
         default=1 << 30, ge=0, description="Host memory for saved prefix states, in bytes; 0 disables."
