@@ -7,6 +7,9 @@ client that disconnects mid-decision must not let a second operation onto the sa
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,16 +18,22 @@ from typing import TypeVar
 from .errors import ModelBusy
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class Admission:
-    def __init__(self, max_queue: int, retry_after_s: int) -> None:
+    def __init__(self, max_queue: int, retry_after_s: int, engine_nice: int = 0) -> None:
         self.capacity = 1 + max_queue
         self.retry_after_s = retry_after_s
         self._admitted = 0  # running + waiting
         self._lock = asyncio.Lock()
         # one dedicated thread: llama.cpp always runs on the same OS thread, off the event loop
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semif-engine")
+        self._executor = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="semif-engine",
+            initializer=_lower_priority,
+            initargs=(engine_nice,),
+        )
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -88,3 +97,19 @@ class Admission:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+def _lower_priority(nice: int) -> None:
+    """Lower the engine thread's CPU priority by ``nice`` (the executor's initializer).
+
+    llama.cpp's compute threads are started from this thread and inherit its priority, so decoding
+    yields to the event loop: /ping and the busy 503 stay prompt while every core decodes (Linux keeps
+    nice per thread). A refusal is logged, never raised: a broken initializer would break the executor.
+    """
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as exc:
+        log.warning("could not lower the engine thread's CPU priority (SEMIF_ENGINE_NICE=%d): %s", nice, exc)

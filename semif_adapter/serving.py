@@ -74,7 +74,7 @@ class DecisionService:
         self.engine: Engine | None = None
         self.phase = Phase.loading
         self.failure: str | None = None
-        self.admission = Admission(settings.max_queue, settings.retry_after_s)
+        self.admission = Admission(settings.max_queue, settings.retry_after_s, settings.engine_nice)
         metrics.in_flight.set_function(lambda: self.admission.admitted)
         self.throughput = Throughput()
         metrics.throughput.set_function(lambda: self.throughput.tokens_per_s or 0.0)

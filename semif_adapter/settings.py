@@ -76,6 +76,13 @@ class Settings(BaseSettings):
         description="Listen port (SageMaker's SAGEMAKER_BIND_TO_PORT wins).",
     )
     max_queue: int = Field(default=0, ge=0, le=1024, description="Requests allowed to wait for the engine.")
+    engine_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="How much lower the engine's CPU priority is than the HTTP layer's (Linux nice), so "
+        "/ping and busy 503s are answered promptly while decoding fills every core; 0 = the same.",
+    )
     max_body_bytes: int = Field(default=6 * 1024 * 1024, ge=1024, description="Request body limit (decoded).")
     body_timeout_s: float = Field(default=10.0, gt=0, description="Time allowed to receive a request body.")
     max_json_depth: int = Field(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from support import LiveServer, make_model_dir, start_request_in_engine
 
 from semif_adapter.demo_models import MODELS
+from semif_adapter.settings import available_cores
 
 GEMMA = MODELS["gemma"]
 
@@ -137,3 +139,26 @@ def test_sigterm_finishes_the_running_request_then_exits_cleanly(
     assert server.process.wait(60) == 0
     with pytest.raises(httpx.TransportError):
         httpx.get(server.url + "/ping", timeout=2)
+
+
+def _nice_by_thread(pid: int) -> dict[int, int]:
+    """Thread id -> nice, from /proc (field 19 of each task's stat)."""
+    nice = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        nice[int(task.name)] = int(fields[16])
+    return nice
+
+
+def test_decoding_threads_run_below_the_http_layer(live_server) -> None:
+    """SEMIF_ENGINE_NICE (default 10): the engine thread and the llama.cpp threads it starts."""
+    assert live_server.process is not None
+    decision = {"id": "d", "state": "s", "question": "q?", "options": [{"id": "a"}, {"id": "b"}]}
+    response = httpx.post(live_server.url + "/invocations", json={"decision": decision}, timeout=60)
+    assert response.status_code == 200
+    pid = live_server.process.pid
+    nice = _nice_by_thread(pid)
+    base = nice[pid]  # the main thread runs the event loop
+    lowered = [tid for tid, value in nice.items() if value == min(19, base + 10)]
+    assert base == os.getpriority(os.PRIO_PROCESS, 0) and base < 19
+    assert len(lowered) >= min(2, available_cores())  # the engine thread plus a compute thread
