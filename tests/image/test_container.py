@@ -56,6 +56,38 @@ def test_the_engine_runs_on_the_base_images_llama_cpp(under_test: ImageUnderTest
     assert plugins == {f"libggml-cpu-{expected}.so"}, "the best plugin the base ships should be selected"
 
 
+def _nice_by_thread(container: str) -> dict[int, int]:
+    """Thread id -> nice for the server (pid 1 in the container), from field 19 of each task's stat."""
+    stats = exec_in(container, "for f in /proc/1/task/*/stat; do cat $f; echo; done")
+    nice = {}
+    for line in filter(None, stats.splitlines()):
+        fields = line.rsplit(")", 1)[1].split()
+        nice[int(line.split()[0])] = int(fields[16])
+    return nice
+
+
+def test_decoding_threads_run_below_the_http_layer(under_test: ImageUnderTest) -> None:
+    """SEMIF_ENGINE_NICE (default 10) on the base's libllama: while a request decodes, the engine thread
+    and the compute threads it started are niced; the event loop (the main thread) is not."""
+    cores = int(exec_in(under_test.container, "nproc").strip())
+    server = LiveServer(under_test.url)
+    wait_for_ping(server, timeout=300)  # this test may run first, while the model still loads
+    in_flight = start_request_in_engine(server, events=150)
+    seen: dict[int, int] = {}
+    deadline = time.monotonic() + 20
+    while in_flight.thread.is_alive() and time.monotonic() < deadline:
+        seen.update(_nice_by_thread(under_test.container))
+        if len([v for v in seen.values() if v == min(19, seen[1] + 10)]) >= min(2, cores):
+            break
+    in_flight.thread.join(120)
+    assert in_flight.status == 200
+    assert seen[1] < 19
+    lowered = [tid for tid, value in seen.items() if value == min(19, seen[1] + 10)]
+    assert len(lowered) >= min(2, cores), seen  # the engine thread plus at least one compute thread
+    logs = podman("logs", under_test.container)
+    assert "could not lower" not in logs.stdout + logs.stderr
+
+
 def test_stdout_is_one_json_object_per_line(under_test: ImageUnderTest) -> None:
     """CloudWatch gets what the container prints: every stdout line parses, requests are logged."""
     logs = podman("logs", under_test.container)
