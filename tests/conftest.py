@@ -51,32 +51,30 @@ def mamba_gguf(request: pytest.FixtureRequest, qwen_gguf: Path) -> Path:
     return _random_gguf(request, "mamba", qwen_gguf)
 
 
-@pytest.fixture(scope="session")
-def gemma_engine(gemma_gguf: Path) -> Iterator[DecisionEngine]:
-    engine = DecisionEngine.load(engine_settings(), gemma_gguf)
+def _loaded(gguf: Path) -> Iterator[DecisionEngine]:
+    engine = DecisionEngine.load(engine_settings(), gguf)
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def gemma_engine(gemma_gguf: Path) -> Iterator[DecisionEngine]:
+    yield from _loaded(gemma_gguf)
 
 
 @pytest.fixture(scope="session")
 def qwen_engine(qwen_gguf: Path) -> Iterator[DecisionEngine]:
-    engine = DecisionEngine.load(engine_settings(), qwen_gguf)
-    yield engine
-    engine.close()
+    yield from _loaded(qwen_gguf)
 
 
 @pytest.fixture(scope="session")
 def hybrid_engine(hybrid_gguf: Path) -> Iterator[DecisionEngine]:
-    engine = DecisionEngine.load(engine_settings(), hybrid_gguf)
-    yield engine
-    engine.close()
+    yield from _loaded(hybrid_gguf)
 
 
 @pytest.fixture(scope="session")
 def mamba_engine(mamba_gguf: Path) -> Iterator[DecisionEngine]:
-    engine = DecisionEngine.load(engine_settings(), mamba_gguf)
-    yield engine
-    engine.close()
+    yield from _loaded(mamba_gguf)
 
 
 @pytest.fixture(scope="session", params=["gemma", "qwen", "hybrid", "mamba"])

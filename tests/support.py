@@ -251,3 +251,9 @@ def start_request_in_engine(server: LiveServer, events: int, timeout: float = 30
         assert time.monotonic() < deadline, "the request never reached the engine"
         time.sleep(0.01)
     return RequestInFlight(thread, outcome)
+
+
+def thread_nice(stat_line: str) -> tuple[int, int]:
+    """(thread id, nice) from one ``/proc/<pid>/task/<tid>/stat`` line (nice is field 19; the command
+    name in field 2 may hold spaces, so fields are counted after its closing parenthesis)."""
+    return int(stat_line.split()[0]), int(stat_line.rsplit(")", 1)[1].split()[16])

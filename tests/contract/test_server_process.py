@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import LiveServer, make_model_dir, start_request_in_engine
+from support import LiveServer, make_model_dir, start_request_in_engine, thread_nice
 
 from semif_adapter.demo_models import MODELS
 from semif_adapter.settings import available_cores
@@ -142,12 +142,7 @@ def test_sigterm_finishes_the_running_request_then_exits_cleanly(
 
 
 def _nice_by_thread(pid: int) -> dict[int, int]:
-    """Thread id -> nice, from /proc (field 19 of each task's stat)."""
-    nice = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        nice[int(task.name)] = int(fields[16])
-    return nice
+    return dict(thread_nice((task / "stat").read_text()) for task in Path(f"/proc/{pid}/task").iterdir())
 
 
 def test_decoding_threads_run_below_the_http_layer(live_server) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from conftest import ImageUnderTest
 from imagectl import exec_in, podman
-from support import LiveServer, start_request_in_engine, wait_for_ping
+from support import LiveServer, start_request_in_engine, thread_nice, wait_for_ping
 
 from scripts.test_image import run_container
 
@@ -57,13 +57,9 @@ def test_the_engine_runs_on_the_base_images_llama_cpp(under_test: ImageUnderTest
 
 
 def _nice_by_thread(container: str) -> dict[int, int]:
-    """Thread id -> nice for the server (pid 1 in the container), from field 19 of each task's stat."""
+    """Thread id -> nice for the server (pid 1 in the container)."""
     stats = exec_in(container, "for f in /proc/1/task/*/stat; do cat $f; echo; done")
-    nice = {}
-    for line in filter(None, stats.splitlines()):
-        fields = line.rsplit(")", 1)[1].split()
-        nice[int(line.split()[0])] = int(fields[16])
-    return nice
+    return dict(thread_nice(line) for line in stats.splitlines() if line.strip())
 
 
 def test_decoding_threads_run_below_the_http_layer(under_test: ImageUnderTest) -> None:
