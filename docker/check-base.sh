@@ -5,7 +5,7 @@
 #
 # - Python: $PYTHON if given, else python3.12, else the highest python3.N on PATH, else python3; its
 #   major.minor must be the one the wheelhouse was prepared for, and its machine the wheelhouse's.
-# - libllama: in $LLAMA_LIB_DIR if given, else the first libllama.so* found in the root filesystem;
+# - libllama: in $LLAMA_LIB_DIR if given, else the first libllama.so* in the root filesystem (locate-libllama.py);
 #   libggml-base and the backend plugin(s) must sit in the same directory (GGML_BACKEND_DL layout).
 # Each failure is one line saying what was found. On success the findings go to <out env file> (sourced by
 # the later steps) and are printed.
@@ -45,10 +45,9 @@ have_arch=$(uname -m)
 
 dir="${LLAMA_LIB_DIR:-}"
 if [ -z "$dir" ]; then
-    found=$(find / -xdev \( -path /proc -o -path /sys -o -path /opt/semif -o -path /src \) -prune -o \
-        \( -name 'libllama.so' -o -name 'libllama.so.*' \) -print 2>/dev/null | sort | head -n 1)
-    [ -n "$found" ] || fail "no libllama.so anywhere in the base; is BASE_IMAGE a llama.cpp DLC? (or set LLAMA_LIB_DIR)"
-    dir=$(dirname "$found")
+    # The DLC's base (Amazon Linux 2023) has no findutils: the base's own Python walks the root filesystem.
+    dir=$("$python_path" "$(dirname "$0")/locate-libllama.py") \
+        || fail "no libllama.so anywhere in the base; is BASE_IMAGE a llama.cpp DLC? (or set LLAMA_LIB_DIR)"
 fi
 ls "$dir"/libllama.so* >/dev/null 2>&1 || fail "LLAMA_LIB_DIR=$dir holds no libllama.so*"
 listing=$(cd "$dir" && ls | grep -E '^lib(llama|ggml)' | tr '\n' ' ')

@@ -13,9 +13,19 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+try:
+    from scripts import _dlc_base, _shell_commands
+except ModuleNotFoundError:  # imported by a script run as a file (scripts/ on sys.path)
+    import _dlc_base  # type: ignore[no-redef]
+    import _shell_commands  # type: ignore[no-redef]
+
 ENTRYPOINT = "/usr/local/bin/semif-entrypoint"
 DIGEST_REF = re.compile(r"^[a-z0-9][a-z0-9._/-]*(?::[0-9]+/[a-z0-9._/-]+)?@sha256:[0-9a-f]{64}$")
 VAR_REF = re.compile(r"^\$\{?(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}?$")
+# Where this project's own executables live in the image (build context and install prefix).
+PROJECT_PATHS = ("/src/", "/opt/semif/", "/usr/local/bin/semif-entrypoint")
+# Variables holding the base's own Python (check-base.sh finds it) or, in the entrypoint, the user's command.
+VOUCHED_VARIABLES = {"PYTHON", "python_path", "@"}
 COMPILERS = {"gcc", "gcc-c++", "g++", "clang", "cmake", "make", "cpp", "cuda-nvcc", "nvcc"}
 
 
@@ -195,4 +205,46 @@ def check_text(text: str, path: str = "Dockerfile") -> list[Finding]:
 
 
 def check_file(path: Path) -> list[Finding]:
-    return check_text(Path(path).read_text(encoding="utf-8"), str(path))
+    text = Path(path).read_text(encoding="utf-8")
+    return check_text(text, str(path)) + check_commands(text, str(path))
+
+
+def command_problems(script: str, where: str) -> list[str]:
+    """Commands in ``script`` that the DLC's base does not have (see scripts/_dlc_base.py)."""
+    defined = _shell_commands.functions(script)
+    problems: list[str] = []
+    for call in _shell_commands.calls(script):
+        name = call.name
+        variable = re.fullmatch(r"\$\{?([A-Za-z_@][A-Za-z0-9_]*|@)\}?", name)
+        if variable:
+            if variable[1] not in VOUCHED_VARIABLES:
+                problems.append(f"{where}: runs the command held in ${variable[1]}, which cannot be checked")
+            continue
+        if name in _shell_commands.BUILTINS or name in defined or name.startswith(PROJECT_PATHS):
+            continue
+        if _dlc_base.allowed(name.rsplit("/", 1)[-1]) and (
+            "/" not in name or name.startswith(("/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/"))
+        ):
+            continue
+        hint = " (not in the Amazon Linux 2023 base: use Python or a shell builtin)"
+        problems.append(f"{where}: calls '{name}'{hint if name in _dlc_base.ABSENT else ''}, which the "
+                        "DLC's base does not have")
+    return list(dict.fromkeys(problems))
+
+
+def check_commands(text: str, path: str = "Dockerfile") -> list[Finding]:
+    """Every shell-form RUN, in every stage, calls only what the base has (both stages start from it)."""
+    found: list[Finding] = []
+    for ins in parse(text):
+        if ins.keyword != "RUN" or _exec_form(ins.args) is not None:
+            continue
+        args = re.sub(r"^(--[a-z-]+=\S+\s+)+", "", ins.args)  # RUN --mount=... flags
+        for problem in command_problems(args, f"RUN at line {ins.line}"):
+            found.append(Finding(path, ins.line, "base-commands", problem))
+    return found
+
+
+def check_script(path: Path) -> list[Finding]:
+    """A docker/*.sh helper calls only what the base has."""
+    text = Path(path).read_text(encoding="utf-8")
+    return [Finding(str(path), 1, "base-commands", p) for p in command_problems(text, Path(path).name)]

@@ -1,4 +1,5 @@
-"""Check the Dockerfiles (digest-pinned bases, non-root, port 8080, entrypoint, no compilers) and,
+"""Check the Dockerfiles (digest-pinned bases, non-root, port 8080, entrypoint, no compilers, and only
+commands the DLC's Amazon Linux 2023 base has, in every RUN line and docker/*.sh helper) and,
 optionally, lint them with hadolint and vet the BASE_IMAGE values a build will use.
 
     python scripts/check_dockerfiles.py --hadolint
@@ -23,6 +24,7 @@ except ModuleNotFoundError:  # run as a file: python scripts/check_dockerfiles.p
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FILES = (ROOT / "Dockerfile.cpu", ROOT / "Dockerfile.gpu")
+SCRIPTS_DIR = ROOT / "docker"
 
 
 def find_hadolint() -> str | None:
@@ -52,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             problems.append(f"{path}: no such Dockerfile")
             continue
         problems.extend(str(f) for f in _dockerfile.check_file(path))
+    if not args.dockerfiles:  # the helpers the default Dockerfiles run
+        for script in sorted(SCRIPTS_DIR.glob("*.sh")):
+            problems.extend(str(f) for f in _dockerfile.check_script(script))
     if args.hadolint:
         binary = find_hadolint()
         if binary is None:

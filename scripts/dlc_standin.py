@@ -1,10 +1,12 @@
 """Build a local stand-in for the llama.cpp DLC base image, for container tests on machines with no registry.
 
-The real base cannot be pulled here, so this makes an image with the parts of it that the child image
-depends on: a Linux root filesystem with the distribution's Python 3, and llama.cpp built as shared
-libraries with ``GGML_BACKEND_DL=ON`` (CPU backends as runtime-loaded ``libggml-cpu-<variant>.so``
-plugins) in ``/opt/llama.cpp/bin`` next to nothing else, with ``PATH`` and ``LD_LIBRARY_PATH`` set the way
-the DLC sets them. Like the DLC it ships no llama.cpp headers and no compiler.
+The real base cannot be pulled here, so this makes an image that is no kinder than it: a Linux root
+filesystem whose ``PATH`` holds exactly the commands of the Amazon Linux 2023 container image plus the DLC's
+additions (``scripts/_dlc_base.py``: no ``find``, ``xargs``, ``which``, ``tar``, ``gzip``, ``ps``, ``perl``),
+one Python 3 (``python3``, ``python``), and llama.cpp built as shared libraries with ``GGML_BACKEND_DL=ON``
+(CPU backends as runtime-loaded ``libggml-cpu-<variant>.so`` plugins) in ``/opt/llama.cpp/bin``; it runs as
+root with the DLC's environment and ``ENTRYPOINT ["/usr/bin/serve"]``. Like the DLC it ships no llama.cpp
+headers and no compiler. (Known differences it cannot remove: Debian's glibc and Python minor version.)
 
 The llama.cpp source is the tree vendored in a llama-cpp-python sdist, so a stand-in can be made for any
 binding release (0.3.36 for the working image, 0.3.35 for the layout-guard test). The root filesystem
@@ -36,9 +38,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+try:
+    from scripts import _dlc_base
+except ModuleNotFoundError:  # run as a file: python scripts/dlc_standin.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from scripts import _dlc_base
+
 IMAGE_NAME = "localhost/semif-dlc-standin"
-LIB_DIR = "opt/llama.cpp/bin"  # where the DLC copies llama.cpp's build/bin (binaries and .so files)
-ROOTFS_PACKAGES = ("python3", "python3-pip", "python3-venv", "libgomp1", "ca-certificates")
+LIB_DIR = _dlc_base.LIB_DIR  # where the DLC copies llama.cpp's build/bin (binaries and .so files)
+# Debian's counterparts of what the DLC's runtime stage has (AL2023 container image + its dnf additions).
+ROOTFS_PACKAGES = (
+    "python3", "python3-pip", "python3-venv", "libgomp1", "ca-certificates", "gawk", "curl", "libopenblas0",
+)  # fmt: skip
+PATH_DIRS = ("usr/bin", "usr/sbin", "usr/local/bin", "usr/local/sbin", "bin", "sbin")
+# The DLC's /usr/bin/serve starts llama-server; the stand-in has none, so its serve says so.
+SERVE_SCRIPT = """#!/bin/bash
+# semif-adapter DLC stand-in: the real DLC's /usr/bin/serve starts llama-server, which this stand-in lacks.
+echo "DLC stand-in: no llama-server here; child images set their own ENTRYPOINT" >&2
+exit 1
+"""
 # One baseline and one AVX2 plugin: the DLC builds all x86 variants (GGML_CPU_ALL_VARIANTS); two keep
 # the same file layout and the runtime selection without compiling fourteen copies of the CPU backend.
 CPU_VARIANTS = {"x86_64": ("x64", "haswell"), "aarch64": ("armv8.0_1", "armv8.2_2")}
@@ -61,14 +79,7 @@ CMAKE_FLAGS = (
     "-DGIT_EXE=OFF",
 )
 # The DLC's runtime environment (its Dockerfile sets these; the child image must not depend on more).
-IMAGE_ENV = {
-    "PATH": f"/{LIB_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "LD_LIBRARY_PATH": f"/{LIB_DIR}",
-    "LANG": "C.UTF-8",
-    "LC_ALL": "C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-    "PYTHONUNBUFFERED": "1",
-}
+IMAGE_ENV = dict(_dlc_base.ENV)
 
 
 def cache_root() -> Path:
@@ -191,10 +202,57 @@ def fetch_sdist(version: str, cache: Path) -> Path:
     return existing[0]
 
 
+def strip_to_base(root: Path) -> list[str]:
+    """Leave on PATH only what the DLC's base has (``_dlc_base.allowed``); returns what was removed.
+
+    Debian's /bin and /sbin are links into /usr (merged /usr), so each real directory is visited once.
+    ``sh`` becomes bash and ``awk`` gawk, as on Amazon Linux; ``python`` and ``pip`` point at the one Python.
+    """
+    removed: list[str] = []
+    seen: set[Path] = set()
+    for name in PATH_DIRS:
+        directory = root / name
+        if directory.is_symlink() or not directory.is_dir() or directory.resolve() in seen:
+            continue
+        seen.add(directory.resolve())
+        for entry in sorted(directory.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                continue
+            if not _dlc_base.allowed(entry.name):
+                entry.unlink()
+                removed.append(f"/{name}/{entry.name}")
+    usr_bin = root / "usr" / "bin"
+    links = {"sh": "bash", "awk": "gawk", "python": "python3", "pip": "pip3"}
+    for link, target in links.items():
+        if (usr_bin / target).exists() or (usr_bin / target).is_symlink():
+            (usr_bin / link).unlink(missing_ok=True)
+            (usr_bin / link).symlink_to(target)
+    serve = usr_bin / "serve"
+    serve.write_text(SERVE_SCRIPT)
+    serve.chmod(0o755)
+    dangling = [p.name for p in usr_bin.iterdir() if p.is_symlink() and not _resolves_in(root, p)]
+    if dangling:
+        raise SystemExit(f"error: stripping the stand-in left dangling commands: {dangling}")
+    return removed
+
+
+def _resolves_in(root: Path, link: Path) -> bool:
+    """Whether a symlink inside the root filesystem resolves to an existing file there (absolute or not)."""
+    for _ in range(16):
+        target = Path(os.readlink(link))
+        target = root / target.relative_to("/") if target.is_absolute() else link.parent / target
+        if not target.is_symlink():
+            return target.exists()
+        link = target
+    return False
+
+
 def build_rootfs(source: AptSource, suite: str, cache: Path) -> Path:
-    """A minimal Debian root filesystem with Python 3, as an uncompressed tar (debootstrap, cached)."""
+    """A minimal Debian root filesystem stripped to the DLC base's commands, as a plain tar (cached)."""
     arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout
-    key = short_key(source.uri, suite, arch.strip(), ROOTFS_PACKAGES)
+    key = short_key(
+        source.uri, suite, arch.strip(), ROOTFS_PACKAGES, sorted(_dlc_base.COMMANDS), SERVE_SCRIPT
+    )
     tar_path = cache / "rootfs" / f"{suite}-{key}.tar"
     if tar_path.is_file():
         return tar_path
@@ -214,6 +272,8 @@ def build_rootfs(source: AptSource, suite: str, cache: Path) -> Path:
         (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
         for leftover in (root / "var/lib/apt/lists").glob("*_dists_*"):
             leftover.unlink()
+        removed = strip_to_base(root)
+        log(f"removed {len(removed)} commands the DLC's base does not have (e.g. find, xargs, tar)")
         partial = tar_path.with_suffix(".partial")
         run(["tar", "--numeric-owner", "--xattrs", "-C", root, "-cf", partial, "."], logfile)
         partial.rename(tar_path)
@@ -342,7 +402,7 @@ def import_image(rootfs: Path, libs: Path, tag: str, labels: dict[str, str], cac
                         archive.addfile(info, handle)
         changes = [f"ENV {name}={value}" for name, value in IMAGE_ENV.items()]
         changes += [f"LABEL {name}={value}" for name, value in labels.items()]
-        changes += ['CMD ["/bin/bash"]']
+        changes += ["USER root", f'ENTRYPOINT ["{_dlc_base.ENTRYPOINT}"]']
         args = ["import", "--quiet"]
         for change in changes:
             args += ["--change", change]
@@ -358,6 +418,14 @@ def headers(binding_version: str) -> tuple[Path, str]:
     cache = cache_root() / "standin"
     tree = header_tree(fetch_sdist(binding_version, cache), cache)
     return tree, (tree / "COMMIT").read_text().strip()
+
+
+def libraries(binding_version: str, jobs: int = 2) -> Path:
+    """The directory of the stand-in's compiled libllama/libggml (what it carries in /opt/llama.cpp/bin)."""
+    cache = cache_root() / "standin"
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_libraries(fetch_sdist(binding_version, cache), cache, jobs)[0]
 
 
 def standin(

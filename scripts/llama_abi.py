@@ -35,10 +35,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 try:
-    from semif_adapter.engine import binding
+    from semif_adapter.engine import abi, binding
 except ModuleNotFoundError:  # run as a file from a checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from semif_adapter.engine import binding
+    from semif_adapter.engine import abi, binding
 
 # Structs crossing the C boundary by value in calls the engine makes: llama_model_load_from_file,
 # llama_init_from_model, llama_*_default_params (returned), llama_batch_init (returned), llama_decode.
@@ -137,8 +137,8 @@ def _strip_comments(text: str) -> str:
     return re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S)
 
 
-def header_fields(text: str, struct: str) -> list[str]:
-    """Field names of ``struct <name> { ... }`` in declaration order, read from the header text."""
+def header_declarations(text: str, struct: str) -> list[tuple[str, str]]:
+    """``(field name, declared C type)`` of ``struct <name> { ... }`` in declaration order."""
     text = _strip_comments(text)
     match = re.search(rf"\bstruct\s+{re.escape(struct)}\s*\{{", text)
     if not match:
@@ -151,28 +151,60 @@ def header_fields(text: str, struct: str) -> list[str]:
         depth += {"{": 1, "}": -1}.get(text[i], 0)
         i += 1
     body = text[start : i - 1]
-    names: list[str] = []
-    for decl in (d.strip() for d in body.split(";")):
+    fields: list[tuple[str, str]] = []
+    for decl in (" ".join(d.split()) for d in body.split(";")):
         if not decl:
             continue
         pointer_to_function = re.search(r"\(\s*\*\s*(\w+)\s*\)", decl)
         if pointer_to_function:
-            names.append(pointer_to_function[1])
+            fields.append((pointer_to_function[1], "function pointer"))
             continue
         first, *more = decl.split(",")
-        names.append(re.findall(r"\w+", re.sub(r"\[[^\]]*\]", "", first))[-1])
-        names += [re.findall(r"\w+", re.sub(r"\[[^\]]*\]", "", m))[-1] for m in more]
-    return names
+        name = re.findall(r"\w+", re.sub(r"\[[^\]]*\]", "", first))[-1]
+        prefix = first[: first.rindex(name)]
+        base = " ".join(w for w in prefix.replace("*", " ").split() if w not in {"const", "volatile"})
+        fields.append((name, _spell(base, prefix.count("*"))))
+        for declarator in more:
+            other = re.findall(r"\w+", re.sub(r"\[[^\]]*\]", "", declarator))[-1]
+            fields.append((other, _spell(base, declarator.count("*"))))
+    return fields
 
 
-def probe_source(fields: dict[str, list[str]]) -> str:
-    lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "llama.h"', "", "int main(void) {"]
-    for struct, names in fields.items():
-        lines.append(f'    printf("{struct} . %zu\\n", sizeof(struct {struct}));')
-        for name in names:
+def _spell(base: str, stars: int) -> str:
+    return f"{base} {'*' * stars}" if stars else base
+
+
+def header_fields(text: str, struct: str) -> list[str]:
+    """Field names of ``struct <name> { ... }`` in declaration order, read from the header text."""
+    return [name for name, _ in header_declarations(text, struct)]
+
+
+# Kind of a scalar C expression: signedness/float/bool by _Generic, width by sizeof (done in Python).
+_KIND_MACRO = """#define SEMIF_KIND(x) _Generic((x), _Bool: "bool", char: "char", signed char: "i", \\
+    unsigned char: "u", short: "i", unsigned short: "u", int: "i", unsigned int: "u", long: "i", \\
+    unsigned long: "u", long long: "i", unsigned long long: "u", float: "f", double: "f", default: "?")"""
+
+
+def probe_source(fields: dict[str, list[tuple[str, str]]]) -> str:
+    """A C program printing, per field: offset, size, alignment, and the C kind of the field (or, for the
+    engine's pointer fields, of what they point to). Only those are dereferenced: others may point to
+    incomplete types."""
+    lines = ["#include <stddef.h>", "#include <stdio.h>", '#include "llama.h"', _KIND_MACRO, "",
+             "int main(void) {"]  # fmt: skip
+    for struct, decls in fields.items():
+        lines.append(
+            f'    printf("{struct} . %zu %zu\\n", sizeof(struct {struct}), __alignof__(struct {struct}));'
+        )
+        wanted = abi.ENGINE_FIELDS.get(struct, {})
+        for name, decl in decls:
+            member = f"((struct {struct} *)0)->{name}"
+            stars = decl.count("*") if name in wanted and wanted[name].startswith("*") else 0
+            if decl.split()[0:1] == ["void"]:
+                stars = 0
+            target = "*" * stars + member if stars else member
             lines.append(
-                f'    printf("{struct} {name} %zu %zu\\n", offsetof(struct {struct}, {name}), '
-                f"sizeof(((struct {struct} *)0)->{name}));"
+                f'    printf("{struct} {name} %zu %zu %zu {"*" * stars}%s %zu\\n", offsetof(struct {struct}, '
+                f"{name}), sizeof({member}), __alignof__({member}), SEMIF_KIND({target}), sizeof({target}));"
             )
     lines += ["    return 0;", "}", ""]
     return "\n".join(lines)
@@ -193,19 +225,24 @@ def compiler(explicit: str | None = None) -> list[str]:
     return [sys.executable, "-m", "ziglang", "cc"]
 
 
-@dataclass(frozen=True)
-class CLayout:
-    size: int
-    offsets: dict[str, int]
-    sizes: dict[str, int]
+def _kind(stars: str, category: str, width: int) -> str:
+    if category == "?" or (stars == "" and category == "char"):
+        base = "?" if category == "?" else "i8"
+    elif category == "bool":
+        base = "bool"
+    elif category == "char":
+        base = "i8"
+    else:
+        base = f"{category}{8 * width}"
+    return stars + base if base != "?" or not stars else stars + "?"
 
 
 def c_layout(
     headers: Headers, structs: Sequence[str] = STRUCTS, cc: Sequence[str] | None = None
-) -> dict[str, CLayout]:
+) -> dict[str, abi.Layout]:
     """Compile and run the probe against ``headers``; the layouts the C compiler gives."""
     text = headers.llama_h.read_text(encoding="utf-8", errors="replace")
-    fields = {s: header_fields(text, s) for s in structs}
+    fields = {s: header_declarations(text, s) for s in structs}
     command = list(cc or compiler())
     with tempfile.TemporaryDirectory(prefix="llama-abi-") as tmp:
         src, exe = Path(tmp) / "probe.c", Path(tmp) / "probe"
@@ -213,64 +250,70 @@ def c_layout(
         includes = [f"-I{d}" for d in headers.include_dirs]
         env = {**os.environ, "ZIG_GLOBAL_CACHE_DIR": os.environ.get("ZIG_GLOBAL_CACHE_DIR", f"{tmp}/zig")}
         built = subprocess.run(
-            [*command, "-std=c11", "-O0", *includes, str(src), "-o", str(exe)],
+            [*command, "-std=gnu11", "-O0", *includes, str(src), "-o", str(exe)],
             capture_output=True, text=True, env=env,
         )  # fmt: skip
         if built.returncode != 0:
             first = next((ln for ln in built.stderr.splitlines() if "error" in ln), built.stderr.strip())
             raise AbiError(f"the layout probe does not compile against {headers.llama_h}: {first}")
         ran = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
-    result: dict[str, CLayout] = {}
+    sizes: dict[str, tuple[int, int]] = {}
+    measured: dict[str, list[abi.Field]] = {s: [] for s in structs}
     for line in ran.stdout.splitlines():
-        struct, field, *numbers = line.split()
+        struct, field, *rest = line.split()
         if field == ".":
-            result[struct] = CLayout(int(numbers[0]), {}, {})
+            sizes[struct] = (int(rest[0]), int(rest[1]))
+            continue
+        offset, size, align, kind, width = rest
+        stars = kind[: len(kind) - len(kind.lstrip("*"))]
+        decl = dict(fields[struct])[field]
+        if not stars and "*" in decl:
+            resolved = "*?"  # a pointer the engine does not follow
+        elif decl == "function pointer":
+            resolved = "?"
         else:
-            result[struct].offsets[field] = int(numbers[0])
-            result[struct].sizes[field] = int(numbers[1])
-    return result
+            resolved = _kind(stars, kind.lstrip("*"), int(width))
+        measured[struct].append(abi.Field(field, int(offset), int(size), int(align), resolved, decl))
+    return {s: abi.Layout(s, *sizes[s], tuple(measured[s])) for s in structs}
 
 
 # --- comparison --------------------------------------------------------------------------------------------
 
 
-def _field_sizes(module: object, struct: str) -> dict[str, int]:
-    cls = getattr(module, struct)
-    return {f[0]: getattr(cls, f[0]).size for f in cls._fields_}
-
-
-def compare(c: dict[str, CLayout], module: object, binding_name: str, header_name: str) -> list[str]:
+def compare(c: dict[str, abi.Layout], module: object, binding_name: str, header_name: str) -> list[str]:
     """One line per difference between the C layouts and the binding's ctypes structs; per struct the size
     and the fields only one side has come first (the cause), then the fields that moved (the effect)."""
-    py = binding.ctypes_layout(module, c)
+    py = abi.binding_layouts(module)
     problems: list[str] = []
     for struct, cl in c.items():
         pl = py[struct]
-        py_sizes = _field_sizes(module, struct)
+        c_fields = {f.name: f for f in cl.fields}
+        p_fields = {f.name: f for f in pl.fields}
         cause: list[str] = []
         effect: list[str] = []
         if pl.size != cl.size:
             cause.append(f"{struct}: size {cl.size} bytes in {header_name} but {pl.size} in {binding_name}")
-        for field, c_off in cl.offsets.items():
-            if field not in pl.offsets:
+        for name, cf in c_fields.items():
+            pf = p_fields.get(name)
+            if pf is None:
                 cause.append(
-                    f"{struct}: field '{field}' at offset {c_off} in {header_name} "
+                    f"{struct}: field '{name}' at offset {cf.offset} in {header_name} "
                     f"is missing from {binding_name}"
                 )
-            elif pl.offsets[field] != c_off:
+            elif pf.offset != cf.offset:
                 effect.append(
-                    f"{struct}: field '{field}' at offset {c_off} in {header_name} but {pl.offsets[field]} "
+                    f"{struct}: field '{name}' at offset {cf.offset} in {header_name} but {pf.offset} "
                     f"in {binding_name}"
                 )
-            elif py_sizes[field] != cl.sizes[field]:
+            elif pf.size != cf.size:
                 cause.append(
-                    f"{struct}: field '{field}' is {cl.sizes[field]} bytes in {header_name} but "
-                    f"{py_sizes[field]} in {binding_name}"
+                    f"{struct}: field '{name}' is {cf.size} bytes in {header_name} but "
+                    f"{pf.size} in {binding_name}"
                 )
-        for field, p_off in pl.offsets.items():
-            if field not in cl.offsets:
+        for name, pf in p_fields.items():
+            if name not in c_fields:
                 cause.append(
-                    f"{struct}: field '{field}' at offset {p_off} in {binding_name} "
+                    f"{struct}: field '{name}' at offset {pf.offset} in {binding_name} "
                     f"does not exist in {header_name}"
                 )
         problems += cause + effect
@@ -288,18 +331,31 @@ def _installed_binding_dir() -> Path:
     return binding._package_dir()
 
 
-def check(
-    headers: Headers, module: object, binding_label: str, cc: Sequence[str] | None = None
-) -> dict[str, CLayout]:
-    """The C layouts, or AbiError naming every difference."""
+def check(headers: Headers, cc: Sequence[str] | None = None) -> dict[str, abi.Layout]:
+    """The C layouts, or AbiError naming each field the engine sets that this llama.h lacks or retyped."""
     layouts = c_layout(headers, cc=cc)
-    header_label = f"llama.h ({headers.origin}{', llama.cpp ' + headers.version if headers.version else ''})"
-    problems = compare(layouts, module, "binding", "llama.h")
+    problems = abi.engine_field_problems(layouts)
     if problems:
+        version = f", llama.cpp {headers.version}" if headers.version else ""
         raise AbiError(
-            f"struct layout mismatch between {header_label} and {binding_label}: " + "; ".join(problems)
+            f"llama.h ({headers.origin}{version}) cannot be used by the engine: " + "; ".join(problems)
         )
     return layouts
+
+
+def differences(layouts: dict[str, abi.Layout], module: object) -> str:
+    """How the probed layouts differ from the binding's: sizes and fields only one side has (informational:
+    the engine adapts)."""
+    theirs = abi.binding_layouts(module)
+    lines: list[str] = []
+    for name, mine in layouts.items():
+        other = theirs[name]
+        if mine.size != other.size:
+            lines.append(f"{name} is {mine.size} bytes (binding: {other.size})")
+        mine_names, other_names = {f.name for f in mine.fields}, {f.name for f in other.fields}
+        lines += [f"{name}.{f} absent" for f in sorted(other_names - mine_names)]
+        lines += [f"{name}.{f} added" for f in sorted(mine_names - other_names)]
+    return ", ".join(lines)
 
 
 # --- commands ----------------------------------------------------------------------------------------------
@@ -318,7 +374,7 @@ def _matches(headers: Headers, found: binding.LibraryVersion | None) -> bool:
         return True
     if headers.version and found.llama and headers.version != found.llama:
         return False
-    return not (headers.commit and found.commit and not _same_commit(headers.commit, found.commit))
+    return not (headers.commit and found.commit and not binding.same_commit(headers.commit, found.commit))
 
 
 def _headers_arg(value: str, scratch: Path, found: binding.LibraryVersion | None = None) -> Headers:
@@ -345,19 +401,20 @@ def _headers_arg(value: str, scratch: Path, found: binding.LibraryVersion | None
 
 
 def cmd_compare(args: argparse.Namespace, scratch: Path) -> int:
+    """Header vs binding, field by field: how far the binding's hand-written structs are from this llama.h."""
     headers = _headers_arg(args.headers, scratch)
     package = Path(args.binding) if args.binding else _installed_binding_dir()
     module = binding.binding_module(package)
-    check(
-        headers,
-        module,
-        f"llama-cpp-python {binding_version(package)}",
-        shlex.split(args.cc) if args.cc else None,
-    )
-    print(
-        f"ok: {', '.join(STRUCTS)} match between {headers.llama_h} "
-        f"and llama-cpp-python {binding_version(package)}"
-    )
+    label = f"llama-cpp-python {binding_version(package)}"
+    layouts = c_layout(headers, cc=shlex.split(args.cc) if args.cc else None)
+    problems = compare(layouts, module, "binding", "llama.h")
+    if problems:
+        version = f", llama.cpp {headers.version}" if headers.version else ""
+        raise AbiError(
+            f"struct layout mismatch between llama.h ({headers.origin}{version}) and {label}: "
+            + "; ".join(problems)
+        )
+    print(f"ok: {', '.join(STRUCTS)} match between {headers.llama_h} and {label}")
     return 0
 
 
@@ -376,16 +433,16 @@ def cmd_verify(args: argparse.Namespace, scratch: Path) -> int:
             f"headers {headers.origin} are llama.cpp {headers.version} "
             f"but libllama at {where} reports {found.describe()}"
         )
-    if headers.commit and found.commit and not _same_commit(headers.commit, found.commit):
+    if headers.commit and found.commit and not binding.same_commit(headers.commit, found.commit):
         raise AbiError(
             f"headers {headers.origin} are commit {headers.commit} "
             f"but libllama at {where} reports {found.describe()}"
         )
     version = llama_cpp.__version__
-    layouts = check(headers, raw, f"llama-cpp-python {version}", shlex.split(args.cc) if args.cc else None)
+    layouts = check(headers, shlex.split(args.cc) if args.cc else None)
     want_version, want_commit = args.expect_version, args.expect_commit or ""
     if want_version is not None and (
-        want_version != found.llama or not _same_commit(want_commit, found.commit or "")
+        want_version != found.llama or not binding.same_commit(want_commit, found.commit or "")
     ):
         told = (
             f"the build expects LLAMA_CPP_VERSION={want_version!r} LLAMA_CPP_COMMIT={want_commit!r}"
@@ -401,7 +458,7 @@ def cmd_verify(args: argparse.Namespace, scratch: Path) -> int:
         "library_path": where,
         "binding": version,
         "headers": headers.origin,
-        "structs": {k: asdict(v) for k, v in layouts.items()},
+        "structs": {k: v.to_json() for k, v in layouts.items()},
         "unbound_wrappers": binding.unbound_wrappers(),
     }
     if args.record:
@@ -410,13 +467,9 @@ def cmd_verify(args: argparse.Namespace, scratch: Path) -> int:
     sizes = ", ".join(f"{k} {v.size} B" for k, v in layouts.items())
     print(f"ok: {found.describe()} at {where} with llama-cpp-python {version}: {sizes}; "
           f"{len(record['unbound_wrappers'])} wrapper(s) unbound (never called by the engine)")  # fmt: skip
+    if drift := differences(layouts, raw):
+        print(f"note: the binding's own structs differ ({drift}); the engine uses the probed layout")
     return 0
-
-
-def _same_commit(a: str, b: str) -> bool:
-    """Short and long hashes of one commit match (a "-dirty" build too); an empty side matches anything."""
-    a, b = (x.strip().lower().removesuffix("-dirty") for x in (a, b))
-    return not a or not b or a.startswith(b) or b.startswith(a)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

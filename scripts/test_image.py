@@ -1,11 +1,15 @@
 """Build Dockerfile.cpu on local DLC stand-ins with podman and test its running container (make test-image).
 
-1. Stand-in bases (scripts/dlc_standin.py): llama.cpp from the llama-cpp-python 0.3.36 sdist (the working
-   image) and from 0.3.35 (older ``llama_model_params``: the build must refuse it). Cached between runs.
-2. ``Dockerfile.cpu`` built unchanged on the 0.3.36 stand-in; only ``BASE_IMAGE`` (its local digest) differs.
-3. The image run with gemma-3-270m packaged with its manifest (scripts/package_model.py) at /opt/ml/model.
-4. pytest: ``tests/contract/test_contract.py`` against the container through ``SEMIF_TEST_URL``, and
-   ``tests/image`` (user, toolchain, libraries, SIGTERM, and the refused build on the 0.3.35 stand-in).
+1. Stand-in bases (scripts/dlc_standin.py), as bare as Amazon Linux 2023: llama.cpp from the llama-cpp-python
+   0.3.36 sdist (the struct layouts of DLC v0.4.1) and from 0.3.35 (no ``lazy_mode`` in
+   ``llama_model_params``, like DLC b10433). Cached between runs.
+2. ``Dockerfile.cpu`` built unchanged on each; only ``BASE_IMAGE`` (its local digest) and the prepared headers
+   in the build context differ. A third build, on the 0.3.36 base with a llama.h whose ``n_ubatch`` is
+   renamed, must stop naming that field.
+3. Each image run with gemma-3-270m packaged with its manifest (scripts/package_model.py) at /opt/ml/model.
+4. pytest, once per layout: ``tests/contract/test_contract.py`` against the container through
+   ``SEMIF_TEST_URL``, and ``tests/image`` (bare base, user, toolchain, libraries, answers equal to those of
+   the binding written for that llama.cpp, SIGTERM); the refused build once.
 
 Needs root and podman (``.ci/setup-podman.sh`` installs and configures it). Logs go to
 ``$SEMIF_CACHE_DIR/image-test/`` (default ``~/.cache/semif-adapter``).
@@ -38,8 +42,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PODMAN = ("podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs")
 IMAGE = "localhost/semif-adapter:image-test"
 CONTAINER = "semif-image-test"
-CURRENT_BINDING = "0.3.36"
-OLD_BINDING = "0.3.35"
+CURRENT_BINDING = "0.3.36"  # llama.cpp 0c1e57098: the structs of DLC v0.4.1 (b10964)
+OLD_BINDING = "0.3.35"  # llama.cpp 4df29be4f: no lazy_mode, the llama_model_params of DLC b10433
+LAYOUTS = (CURRENT_BINDING, OLD_BINDING)
+# The broken-header case: a field the engine writes, renamed in an otherwise unchanged llama.h.
+BROKEN_FIELD = ("uint32_t n_ubatch;", "uint32_t n_ubatch_renamed;")
 # The GGUF comes from a PyPI package, not the hub, so no hub revision is known: a placeholder commit.
 GEMMA_SOURCE = {"source_repo": "ggml-org/gemma-3-270m-GGUF", "revision": "0" * 40, "license": "gemma"}
 
@@ -61,8 +68,8 @@ def timed(label: str, timings: dict[str, float]) -> Iterator[None]:
 def base_python(base: str) -> str:
     """major.minor of the base image's python3 (the wheelhouse must be prepared for it)."""
     probe = "import sys; print('%d.%d' % sys.version_info[:2])"
-    done = subprocess.run([*PODMAN, "run", "--rm", "--network", "none", base, "python3", "-c", probe],
-                          check=True, capture_output=True, text=True)  # fmt: skip
+    run = [*PODMAN, "run", "--rm", "--network", "none", "--entrypoint", "python3", base, "-c", probe]
+    done = subprocess.run(run, check=True, capture_output=True, text=True)
     return done.stdout.strip()
 
 
@@ -171,52 +178,86 @@ def main(argv: Sequence[str] | None = None) -> int:
     timings: dict[str, float] = {}
     started = time.monotonic()
 
-    bases = {}
-    for binding in (CURRENT_BINDING, OLD_BINDING):
+    bases, contexts, libs = {}, {}, {}
+    for binding in LAYOUTS:
         with timed(f"stand-in base from llama-cpp-python {binding}", timings):
             bases[binding] = dlc_standin.standin(binding, jobs=args.jobs)
+            libs[binding] = dlc_standin.libraries(binding, jobs=args.jobs)
         log(f"stand-in for {binding}: {bases[binding]}")
     with timed("build contexts (wheelhouse + headers)", timings):
-        contexts = {
-            binding: build_context(work / f"context-{binding}", bases[binding], *dlc_standin.headers(binding))
-            for binding in bases
-        }
+        for binding in LAYOUTS:
+            contexts[binding] = build_context(
+                work / f"context-{binding}", bases[binding], *dlc_standin.headers(binding)
+            )
+        tree, commit = dlc_standin.headers(CURRENT_BINDING)
+        broken = build_context(
+            work / "context-broken", bases[CURRENT_BINDING], broken_headers(tree, work / "broken-headers"),
+            commit,
+        )
 
-    build_log = work / "build-current.log"
-    with timed("podman build Dockerfile.cpu", timings):
-        built = podman_build(contexts[CURRENT_BINDING], bases[CURRENT_BINDING], IMAGE, build_log)
-    if built.returncode != 0:
-        tail = build_log.read_text(errors="replace").splitlines()[-40:]
-        log(f"error: podman build failed ({built.returncode}); end of {build_log}:\n" + "\n".join(tail))
-        return 1
+    images = {binding: IMAGE if binding == CURRENT_BINDING else f"{IMAGE}-{binding}" for binding in LAYOUTS}
+    for binding in LAYOUTS:
+        build_log = work / f"build-{binding}.log"
+        with timed(f"podman build Dockerfile.cpu on the {binding} stand-in", timings):
+            built = podman_build(contexts[binding], bases[binding], images[binding], build_log)
+        if built.returncode != 0:
+            tail = build_log.read_text(errors="replace").splitlines()[-40:]
+            log(f"error: podman build failed ({built.returncode}); end of {build_log}:\n" + "\n".join(tail))
+            return 1
 
     models = model_dir(work)
-    url = run_container(CONTAINER, models, {"SEMIF_N_THREADS": "2"})
-    env = {
-        **os.environ,
-        "SEMIF_TEST_URL": url,
-        "SEMIF_TEST_IMAGE": IMAGE,
-        "SEMIF_TEST_CONTAINER": CONTAINER,
-        "SEMIF_TEST_MODEL_DIR": str(models),
-        "SEMIF_TEST_OLD_BASE": bases[OLD_BINDING],
-        "SEMIF_TEST_OLD_CONTEXT": str(contexts[OLD_BINDING]),
-        "SEMIF_TEST_WORK_DIR": str(work),
-    }
-    try:
-        with timed("pytest against the container", timings):
-            pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                      "tests/contract/test_contract.py", "tests/image", *args.pytest_args]  # fmt: skip
-            tests = subprocess.run(pytest, cwd=ROOT, env=env, check=False)
-    finally:
-        logs = subprocess.run([*PODMAN, "logs", CONTAINER], capture_output=True, text=True, check=False)
-        (work / "container.log").write_text(logs.stdout + logs.stderr)
-        if not args.keep:
-            subprocess.run(
-                [*PODMAN, "rm", "--force", "--ignore", CONTAINER], capture_output=True, check=False
-            )
+    status = 0
+    for binding in LAYOUTS:
+        container = f"{CONTAINER}-{binding}"
+        url = run_container(container, models, {"SEMIF_N_THREADS": "2"}, image=images[binding])
+        env = {
+            **os.environ,
+            "SEMIF_TEST_URL": url,
+            "SEMIF_TEST_IMAGE": images[binding],
+            "SEMIF_TEST_CONTAINER": container,
+            "SEMIF_TEST_MODEL_DIR": str(models),
+            "SEMIF_TEST_BINDING": binding,
+            "SEMIF_TEST_BASE": bases[binding],
+            "SEMIF_TEST_BASE_LIBS": str(libs[binding]),
+            "SEMIF_TEST_WORK_DIR": str(work),
+        }
+        suites = ["tests/contract/test_contract.py", "tests/image"]
+        once = (
+            "test_a_renamed_engine_field_stops_the_build",
+            "test_another_llama_cpp_without_a_record_is_refused_naming_both",
+        )
+        if binding == CURRENT_BINDING:
+            env.update(SEMIF_TEST_BROKEN_CONTEXT=str(broken), SEMIF_TEST_BROKEN_BASE=bases[CURRENT_BINDING],
+                       SEMIF_TEST_UNPROVEN_LIBS=str(libs[OLD_BINDING]))  # fmt: skip
+        else:
+            suites += [f"--deselect=tests/image/test_layout_guard.py::{name}" for name in once]
+        try:
+            with timed(f"pytest against the container on the {binding} stand-in", timings):
+                pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *suites,
+                          *args.pytest_args]  # fmt: skip
+                status = max(status, subprocess.run(pytest, cwd=ROOT, env=env, check=False).returncode)
+        finally:
+            logs = subprocess.run([*PODMAN, "logs", container], capture_output=True, text=True, check=False)
+            (work / f"container-{binding}.log").write_text(logs.stdout + logs.stderr)
+            if not args.keep:
+                subprocess.run(
+                    [*PODMAN, "rm", "--force", "--ignore", container], capture_output=True, check=False
+                )
     timings["total"] = time.monotonic() - started
     log("timings: " + ", ".join(f"{label} {seconds:.0f} s" for label, seconds in timings.items()))
-    return tests.returncode
+    return status
+
+
+def broken_headers(tree: Path, target: Path) -> Path:
+    """A copy of a header tree whose llama_context_params.n_ubatch is renamed (the refusal case)."""
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(tree, target)
+    llama_h = target / "include" / "llama.h"
+    text = llama_h.read_text(encoding="utf-8")
+    if BROKEN_FIELD[0] not in text:
+        raise SystemExit(f"error: {llama_h} has no '{BROKEN_FIELD[0].strip()}' to rename")
+    llama_h.write_text(text.replace(BROKEN_FIELD[0], BROKEN_FIELD[1], 1), encoding="utf-8")
+    return target
 
 
 if __name__ == "__main__":

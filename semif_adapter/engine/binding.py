@@ -18,8 +18,12 @@ naming what it expected instead of silently loading an unpatched, intolerant bin
 symbols are still checked by name after the import (:func:`load`), so tolerance never hides a symbol the
 engine calls.
 
-The same wrap, with a library that has no symbols at all, gives the binding's ctypes struct layouts
-without any libllama (:func:`binding_structs`); the build-time layout proof uses that.
+The same wrap, with a library that has no symbols at all, gives the binding's module without any libllama
+(:func:`binding_module`), so ``scripts/llama_abi.py compare`` can set its structs beside a header's.
+
+Which struct layouts the engine then uses is decided here too: a proven record's (:func:`check_recorded`),
+or, with no record, the binding's own, and only for the llama.cpp build the binding was written for
+(:func:`binding_layouts_for`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelLoadError
+from . import abi
 
 HELPERS = "llama_cpp._ctypes_extensions"
 
@@ -259,40 +264,63 @@ def binding_module(package_dir: Path | None = None) -> types.ModuleType:
         return _exec_file("llama_cpp.llama_cpp", directory / "llama_cpp.py")
 
 
-@dataclass(frozen=True)
-class StructLayout:
-    name: str
-    size: int
-    offsets: dict[str, int]
+# --- which library may be used, and with which struct layouts ---------------------------------------------
+
+# The llama.cpp commit each supported llama-cpp-python release vendors (its CHANGELOG's "update llama.cpp to
+# ggml-org/llama.cpp@..."): without a proven record, the library must be that build. tests/deploy checks
+# this table against the sdists.
+BINDING_LLAMA_COMMITS = {"0.3.36": "0c1e57098"}
+PROVE_HINT = (
+    "prove it: python scripts/llama_abi.py verify --lib-dir <dir of that libllama.so> --headers "
+    "<its llama.cpp source tree or release tarball> --record llama-abi.json, then start with "
+    "SEMIF_LLAMA_ABI_RECORD=llama-abi.json"
+)
 
 
-def ctypes_layout(module: Any, names: Iterable[str]) -> dict[str, StructLayout]:
-    """Size and every field offset of the named ctypes structures."""
-    result: dict[str, StructLayout] = {}
-    for name in names:
-        cls = getattr(module, name)
-        offsets = {field[0]: getattr(cls, field[0]).offset for field in cls._fields_}
-        result[name] = StructLayout(name, ctypes.sizeof(cls), offsets)
-    return result
+def same_commit(a: str, b: str) -> bool:
+    """Short and long hashes of one commit match (a "-dirty" build too); an empty side matches anything."""
+    a, b = (x.strip().lower().removesuffix("-dirty") for x in (a, b))
+    return not a or not b or a.startswith(b) or b.startswith(a)
 
 
-# --- the verified pair recorded in the image --------------------------------------------------------------
+def _where(lib: Any) -> str:
+    return _report.path or getattr(lib, "_name", "?")
 
 
-def check_recorded(lib: Any, record_path: Path, binding_version: str) -> None:
-    """Refuse a library other than the one the build verified the struct layouts against."""
+def binding_layouts_for(lib: Any, module: Any, binding_version: str) -> dict[str, abi.Layout]:
+    """No record: the library must be the llama.cpp build the binding was written for; its layouts then."""
+    expected = BINDING_LLAMA_COMMITS.get(binding_version)
+    found = library_version(lib)
+    if expected is None:
+        raise BindingError(
+            f"llama-cpp-python {binding_version} is not a release this semif-adapter knows the llama.cpp of "
+            f"(known: {', '.join(BINDING_LLAMA_COMMITS)}); {PROVE_HINT}"
+        )
+    if found.commit is None or found.commit == "unknown" or not same_commit(found.commit, expected):
+        raise BindingError(
+            f"libllama at {_where(lib)} reports {found.describe()}, but llama-cpp-python {binding_version} "
+            f"was written for llama.cpp commit {expected} and no proven layout record is set; {PROVE_HINT}"
+        )
+    return abi.binding_layouts(module)
+
+
+def check_recorded(lib: Any, record_path: Path, binding_version: str) -> dict[str, abi.Layout]:
+    """The proven record's layouts; refuses a library other than the one the record was proven for."""
     try:
         record = json.loads(Path(record_path).read_text(encoding="utf-8"))
         expected = LibraryVersion(**record["library"])
         expected_binding = record["binding"]
+        layouts = {name: abi.Layout.from_json(name, data) for name, data in record["structs"].items()}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BindingError(
-            f"cannot read the verified llama.cpp record {record_path}: {_one_line(exc)}"
+            f"cannot read the proven llama.cpp record {record_path} (scripts/llama_abi.py verify writes "
+            f"it): {_one_line(exc)}"
         ) from None
     found = library_version(lib)
     if asdict(found) != asdict(expected) or binding_version != expected_binding:
         raise BindingError(
-            f"libllama at {_report.path or getattr(lib, '_name', '?')} reports {found.describe()} with "
-            f"llama-cpp-python {binding_version}, but the image was verified for {expected.describe()} with "
-            f"llama-cpp-python {expected_binding} ({record_path}); rebuild the image on this base"
+            f"libllama at {_where(lib)} reports {found.describe()} with llama-cpp-python {binding_version}, "
+            f"but {record_path} was proven for {expected.describe()} with llama-cpp-python "
+            f"{expected_binding}; rebuild the image on this base, or prove this library again"
         )
+    return layouts

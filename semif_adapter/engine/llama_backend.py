@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import EngineFailure, ModelLoadError
-from . import binding
+from . import abi, binding
 
 if TYPE_CHECKING:
     from .deadline import Deadline
@@ -81,15 +81,25 @@ _init_lock = threading.Lock()
 _initialised = False
 
 
-def import_llama_cpp(abi_record: Path | None = None) -> Any:
-    """Import the bindings tolerantly (see binding.py); every symbol we call must be in the library.
+def import_llama_cpp(abi_record: Path | None = None) -> tuple[Any, abi.ByValueCalls]:
+    """The bindings, imported tolerantly (see binding.py), and the by-value calls with the library's layouts.
 
-    ``abi_record`` is the verified pair the image build wrote; a library reporting another version is refused.
+    With ``abi_record`` (what ``scripts/llama_abi.py verify`` proved for this library: the image build, or an
+    operator by hand) the struct layouts come from it and a library of another version is refused; without
+    one, the library must be the llama.cpp build the binding was written for, and the binding's layouts are
+    used. Either way every symbol the engine calls must be exported.
     """
     llama_cpp = binding.load(REQUIRED_SYMBOLS)
+    raw = llama_cpp.llama_cpp
     if abi_record is not None:
-        binding.check_recorded(llama_cpp.llama_cpp._lib, abi_record, llama_cpp.__version__)
-    return llama_cpp
+        layouts = binding.check_recorded(raw._lib, abi_record, llama_cpp.__version__)
+    else:
+        layouts = binding.binding_layouts_for(raw._lib, raw, llama_cpp.__version__)
+    try:
+        calls = abi.ByValueCalls(raw._lib, layouts)
+    except abi.LayoutError as exc:
+        raise binding.BindingError(f"{exc} ({abi_record or 'the binding'})") from None
+    return llama_cpp, calls
 
 
 def _load_backend_plugins(llama_cpp: Any) -> None:
@@ -169,7 +179,8 @@ class LlamaRuntime:
         verbose: bool = False,
         abi_record: Path | None = None,
     ) -> None:
-        self.lib = llama_cpp = import_llama_cpp(abi_record)
+        llama_cpp, self.abi = import_llama_cpp(abi_record)
+        self.lib = llama_cpp
         _init_backend(llama_cpp, verbose)
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
@@ -179,15 +190,15 @@ class LlamaRuntime:
                 f"GPU offload requested (n_gpu_layers={n_gpu_layers}) but the loaded llama.cpp library "
                 "has no GPU backend; set SEMIF_N_GPU_LAYERS=0 for CPU or use the GPU image"
             )
-        mparams = llama_cpp.llama_model_default_params()
+        mparams = self.abi.model_default_params()
         mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
-        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        self.model = self.abi.model_load_from_file(str(path).encode(), mparams)
         if not self.model:
             raise ModelLoadError(f"llama.cpp could not load {path} (not a GGUF, or unsupported architecture)")
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
 
-        cparams = llama_cpp.llama_context_default_params()
+        cparams = self.abi.context_default_params()
         _check_struct_layout(cparams)
         cparams.n_ctx = n_ctx
         cparams.n_batch = n_batch
@@ -199,14 +210,14 @@ class LlamaRuntime:
         cparams.swa_full = True  # no sliding-window pruning: the prefix stays intact for every branch
         cparams.embeddings = False
         cparams.no_perf = True
-        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        self.ctx = self.abi.init_from_model(self.model, cparams)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
             raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.memory = llama_cpp.llama_get_memory(self.ctx)
-        self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self.batch = self.abi.batch_init(n_batch, 0, 1)
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self.model))
         self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(self.model))
         self.n_swa = int(llama_cpp.llama_model_n_swa(self.model))  # > 0: sliding-window layers
@@ -325,7 +336,7 @@ class LlamaRuntime:
                 batch.logits[n - 1] = True
             batch.n_tokens = n
             started = time.perf_counter()
-            rc = self.lib.llama_decode(self.ctx, batch)
+            rc = self.abi.decode(self.ctx, batch)
             if rc == DECODE_ABORTED and cancel is not None and cancel.cancelled:
                 raise cancel.error()
             if rc != 0:
@@ -369,7 +380,7 @@ class LlamaRuntime:
         if self._closed:
             return
         self._closed = True
-        self.lib.llama_batch_free(self.batch)
+        self.abi.batch_free(self.batch)
         self.lib.llama_free(self.ctx)
         self.lib.llama_model_free(self.model)
 

@@ -22,6 +22,7 @@ KEEP = (
     "vendor/llama.cpp/include/",
     "vendor/llama.cpp/ggml/include/",
     "vendor/llama.cpp/CMakeLists.txt",
+    "CHANGELOG.md",  # names the vendored llama.cpp commit
 )
 
 
@@ -33,7 +34,7 @@ def cache_root() -> Path:
 def sdist(version: str) -> Path:
     """The unpacked (binding + headers) part of llama-cpp-python==version; downloads on first use."""
     target = cache_root() / version
-    if (target / ".complete").is_file():
+    if (target / ".complete").is_file() and all((target / k.rstrip("/")).exists() for k in KEEP):
         return target
     with tempfile.TemporaryDirectory(prefix="sdist-") as tmp:
         subprocess.run(

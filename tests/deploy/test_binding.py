@@ -19,16 +19,17 @@ import pytest
 from deploy_helpers import REPO_ROOT
 from sdists import sdist
 
+from scripts import llama_abi
 from semif_adapter.engine.llama_backend import REQUIRED_SYMBOLS
 
 VERSIONS = {"llama_version": "0.4.1", "ggml_version": "0.9.4", "ggml_commit": "f00dcafe"}
 
 
-def fake_libllama(directory: Path, symbols: list[str]) -> Path:
+def fake_libllama(directory: Path, symbols: list[str], versions: dict[str, str] = VERSIONS) -> Path:
     """libllama.so exporting exactly ``symbols`` (plus what the binding reads at import) as no-ops."""
     directory.mkdir(parents=True, exist_ok=True)
     lines = ["#include <stddef.h>", "size_t llama_max_devices(void) { return 16; }"]
-    lines += [f'const char * {name}(void) {{ return "{value}"; }}' for name, value in VERSIONS.items()]
+    lines += [f'const char * {name}(void) {{ return "{value}"; }}' for name, value in versions.items()]
     lines += [f"void {name}(void) {{}}" for name in symbols]
     source = directory / "fake.c"
     source.write_text("\n".join(lines) + "\n")
@@ -147,31 +148,95 @@ def test_real_library_missing_a_required_symbol(tmp_path: Path) -> None:
     assert line.endswith("lacks 1 symbol(s) the engine calls: llama_no_such_symbol")
 
 
-def test_recorded_version_mismatch_refuses_to_serve(tmp_path: Path) -> None:
-    lib_dir = tmp_path / "lib"
-    fake_libllama(lib_dir, list(REQUIRED_SYMBOLS))
-    record = tmp_path / "llama-abi.json"
-    code = (
-        "import sys\nfrom semif_adapter.engine import llama_backend\n"
-        "try:\n    llama_backend.import_llama_cpp(__import__('pathlib').Path(sys.argv[1]))\n"
-        "except llama_backend.ModelLoadError as exc:\n    print(exc)\nelse:\n    print('accepted')\n"
-    )
-    same = {"library": {"llama": "0.4.1", "ggml": "0.9.4", "commit": "f00dcafe"}, "binding": "0.3.36"}
-    record.write_text(json.dumps(same))
-    full = [sys.executable, "-c", code, str(record)]
-    env = {
+IMPORT = (
+    "import sys\nfrom pathlib import Path\nfrom semif_adapter.engine import llama_backend\n"
+    "record = Path(sys.argv[1]) if len(sys.argv) > 1 else None\n"
+    "try:\n    _, calls = llama_backend.import_llama_cpp(record)\n"
+    "except llama_backend.ModelLoadError as exc:\n    print(exc)\n"
+    "else:\n    print('accepted', calls.layouts['llama_model_params'].size)\n"
+)
+
+
+def _binding_env(lib_dir: Path) -> dict[str, str]:
+    return {
         **os.environ,
         "LLAMA_CPP_LIB_PATH": str(lib_dir),
         "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{sdist('0.3.36')}",
     }
-    assert subprocess.run(full, capture_output=True, text=True, env=env).stdout.strip() == "accepted"
+
+
+def test_recorded_version_mismatch_refuses_to_serve(tmp_path: Path) -> None:
+    lib_dir = tmp_path / "lib"
+    fake_libllama(lib_dir, list(REQUIRED_SYMBOLS))
+    record = tmp_path / "llama-abi.json"
+    headers = llama_abi.resolve_headers(sdist("0.3.35") / "vendor" / "llama.cpp", tmp_path)
+    structs = {name: layout.to_json() for name, layout in llama_abi.c_layout(headers).items()}
+    same = {
+        "library": {"llama": "0.4.1", "ggml": "0.9.4", "commit": "f00dcafe"},
+        "binding": "0.3.36",
+        "structs": structs,
+    }
+    record.write_text(json.dumps(same))
+    full = [sys.executable, "-c", IMPORT, str(record)]
+    env = _binding_env(lib_dir)
+    # the record's layouts are the ones used: 0.3.35's 72-byte llama_model_params, not the binding's 80
+    assert subprocess.run(full, capture_output=True, text=True, env=env).stdout.strip() == "accepted 72"
     record.write_text(json.dumps({**same, "library": {**same["library"], "llama": "0.5.0-dev"}}))
     out = subprocess.run(full, capture_output=True, text=True, env=env).stdout.strip()
     assert "reports llama.cpp 0.4.1, ggml 0.9.4, commit f00dcafe with llama-cpp-python 0.3.36" in out
-    assert "verified for llama.cpp 0.5.0-dev" in out and out.endswith("rebuild the image on this base")
-    record.write_text("{}")
+    assert "was proven for llama.cpp 0.5.0-dev" in out and "rebuild the image on this base" in out
+    record.write_text(json.dumps({k: v for k, v in same.items() if k != "structs"}))
     out = subprocess.run(full, capture_output=True, text=True, env=env).stdout.strip()
-    assert out.startswith(f"cannot read the verified llama.cpp record {record}")
+    assert out.startswith(f"cannot read the proven llama.cpp record {record}") and "'structs'" in out
+
+
+def test_a_record_whose_layout_lacks_an_engine_field_is_refused_naming_it(tmp_path: Path) -> None:
+    lib_dir = tmp_path / "lib"
+    fake_libllama(lib_dir, list(REQUIRED_SYMBOLS))
+    headers = llama_abi.resolve_headers(sdist("0.3.36") / "vendor" / "llama.cpp", tmp_path)
+    structs = {name: layout.to_json() for name, layout in llama_abi.c_layout(headers).items()}
+    batch = structs["llama_batch"]["fields"]
+    next(f for f in batch if f["name"] == "logits")["kind"] = "*u8"
+    record = tmp_path / "llama-abi.json"
+    library = {"llama": "0.4.1", "ggml": "0.9.4", "commit": "f00dcafe"}
+    record.write_text(json.dumps({"library": library, "binding": "0.3.36", "structs": structs}))
+    done = subprocess.run([sys.executable, "-c", IMPORT, str(record)], capture_output=True, text=True,
+                          env=_binding_env(lib_dir))  # fmt: skip
+    out = done.stdout.strip()
+    assert out.startswith("llama.cpp struct layout: llama_batch.logits: the engine needs C type int8_t *")
+    assert "declares uint8_t *" in out and str(record) in out
+
+
+@pytest.mark.parametrize(
+    ("commit", "accepted"), [("0c1e57098", True), ("0c1e570-dirty", True), ("4df29be4f", False), ("", False)]
+)
+def test_without_a_record_only_the_bindings_own_llama_cpp_is_used(
+    tmp_path: Path, commit: str, accepted: bool
+) -> None:
+    """No record: the library must report the commit llama-cpp-python 0.3.36 vendors (0c1e57098)."""
+    lib_dir = tmp_path / "lib"
+    versions = {"llama_version": "0.5.0-dev", "ggml_version": "0.9.4"}
+    if commit:
+        versions["ggml_commit"] = commit
+    fake_libllama(lib_dir, list(REQUIRED_SYMBOLS), versions)
+    out = subprocess.run([sys.executable, "-c", IMPORT], capture_output=True, text=True,
+                         env=_binding_env(lib_dir)).stdout.strip()  # fmt: skip
+    if accepted:
+        assert out == "accepted 80"  # the binding's own layout
+        return
+    assert f"reports llama.cpp 0.5.0-dev, ggml 0.9.4, commit {commit or '(no ggml_commit)'}" in out
+    assert "but llama-cpp-python 0.3.36 was written for llama.cpp commit 0c1e57098" in out
+    assert "scripts/llama_abi.py verify --lib-dir" in out and "SEMIF_LLAMA_ABI_RECORD=llama-abi.json" in out
+    assert len(out.splitlines()) == 1
+
+
+def test_the_binding_commit_table_matches_the_sdists_changelog() -> None:
+    from scripts.dlc_standin import vendored_commit
+    from semif_adapter.engine import binding
+
+    for version, commit in binding.BINDING_LLAMA_COMMITS.items():
+        assert vendored_commit((sdist(version) / "CHANGELOG.md").read_text()) == commit
+
 
 
 @pytest.mark.parametrize("helper", ["ctypes_function_for_shared_library", "load_shared_library"])

@@ -211,6 +211,12 @@ def test_link_script_exposes_dlc_libraries(tmp_path: Path) -> None:
     assert (target / "libggml.so").resolve() == lib / "libggml.so.0"
     assert (target / "libggml-cuda.so").resolve() == lib / "libggml-cuda.so"
 
+    del env["LLAMA_LIB_DIR"]
+    unset = subprocess.run(
+        ["sh", str(REPO_ROOT / "docker" / "link-llama-libs.sh")], env=env, capture_output=True, text=True
+    )
+    assert unset.returncode == 1 and "LLAMA_LIB_DIR is not set" in unset.stderr
+
     env["LLAMA_LIB_DIR"] = str(tmp_path / "empty")
     failed = subprocess.run(
         ["sh", str(REPO_ROOT / "docker" / "link-llama-libs.sh")], env=env, capture_output=True, text=True
@@ -228,3 +234,63 @@ def test_script_help_exits_zero() -> None:
             text=True,
         )
         assert result.returncode == 0 and "usage:" in result.stdout, (name, result.stderr)
+
+
+def test_libllama_is_located_without_find(tmp_path: Path) -> None:
+    """check-base.sh's search, in Python (the DLC's base has no findutils): the first libllama.so* in
+    sorted order, skipping the image's own folders; exit 1 and nothing printed when there is none."""
+    script = REPO_ROOT / "docker" / "locate-libllama.py"
+    for relative in ("opt/semif/llama-lib/libllama.so", "opt/llama.cpp/bin/libllama.so.0", "usr/lib/x.so"):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_bytes(b"")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "opt" / "llama.cpp" / "bin")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = subprocess.run([sys.executable, str(script), str(empty)], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("run", "command"),
+    [
+        ("whl=$(find /src -name 'pip-*.whl') && echo $whl", "find"),
+        ('echo "$(which python3)"', "which"),
+        ("ls /x | xargs rm", "xargs"),
+        ("if true; then tar -xf a.tar; fi", "tar"),
+        ("for f in a b; do gzip $f; done", "gzip"),
+        ("X=1 perl -e 1", "perl"),
+        ("ps aux >/dev/null 2>&1", "ps"),
+    ],
+)
+def test_a_run_line_calling_what_the_base_lacks_is_named(run: str, command: str) -> None:
+    text = f"ARG BASE_IMAGE\nFROM ${{BASE_IMAGE}} AS b\nRUN {run}\n"
+    findings = [f for f in _dockerfile.check_text(text) + _dockerfile.check_commands(text)
+                if f.rule == "base-commands"]  # fmt: skip
+    assert len(findings) == 1, findings
+    assert f"calls '{command}'" in findings[0].message and "Amazon Linux 2023" in findings[0].message
+
+
+def test_shell_reader_sees_commands_only_where_commands_stand() -> None:
+    from scripts._shell_commands import calls
+
+    script = """
+    fail() { echo "error: $*" >&2; exit 1; }
+    case "$x" in *.whl) cp "$x" /w ;; find|xargs) : ;; esac
+    for tool in find xargs; do command -v "$tool" >/dev/null 2>&1 || fail "no $tool"; done
+    y=$(dirname "$(readlink -f "$0")") z=`uname -m` 2>/dev/null
+    "${PYTHON}" -c 'import os; os.system("find /")' && grep -q x <<< "$y"
+    """
+    names = [c.name for c in calls(script)]
+    expected = ["readlink", "dirname", "uname", "echo", "exit", "cp", ":", "command", "fail", "${PYTHON}"]
+    expected.append("grep")
+    assert names == expected
+
+
+def test_every_docker_helper_uses_only_what_the_base_has() -> None:
+    scripts = sorted((REPO_ROOT / "docker").glob("*.sh"))
+    assert len(scripts) >= 4
+    assert [str(f) for s in scripts for f in _dockerfile.check_script(s)] == []
+    bad = REPO_ROOT / "docker" / "check-base.sh"
+    text = bad.read_text() + '\nfound=$(find / -name libllama.so | head -n 1)\n'
+    assert "calls 'find'" in _dockerfile.command_problems(text, "check-base.sh")[0]

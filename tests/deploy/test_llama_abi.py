@@ -1,10 +1,13 @@
-"""The struct layout proof (scripts/llama_abi.py): a C probe compiled with gcc against the llama.h of real
-llama-cpp-python sdists, compared with the ctypes layout of real bindings. No library is built or loaded."""
+"""The struct layout probe (scripts/llama_abi.py): a C probe compiled with gcc against the llama.h of real
+llama-cpp-python sdists, checked for the fields the engine sets and compared with the ctypes layout of real
+bindings. No library is built or loaded."""
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -12,6 +15,7 @@ import pytest
 from sdists import sdist
 
 from scripts import llama_abi
+from semif_adapter.engine import abi
 
 LLAMA_STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch")
 
@@ -28,22 +32,71 @@ def package(version: str) -> Path:
 def test_each_binding_matches_its_own_vendored_header(version: str) -> None:
     headers = llama_abi.resolve_headers(tree(version), Path("/nonexistent"))
     module = llama_abi.binding.binding_module(package(version))
-    layouts = llama_abi.check(headers, module, f"llama-cpp-python {version}")
+    layouts = llama_abi.check(headers)
     assert set(layouts) == set(LLAMA_STRUCTS)
+    assert llama_abi.compare(layouts, module, "binding", "llama.h") == []
     # Every field of the header is probed, and the binding names the same ones.
     for struct, layout in layouts.items():
-        assert list(layout.offsets) == [f[0] for f in getattr(module, struct)._fields_]
+        assert [f.name for f in layout.fields] == [f[0] for f in getattr(module, struct)._fields_]
+        assert (layout.size, layout.align) == (ctypes.sizeof(getattr(module, struct)), 8)
+
+
+@pytest.mark.parametrize("version", ["0.3.30", "0.3.35", "0.3.36"])
+def test_the_probe_reads_the_c_type_of_every_engine_field(version: str) -> None:
+    layouts = llama_abi.c_layout(llama_abi.resolve_headers(tree(version), Path("/nonexistent")))
+    for struct, fields in abi.ENGINE_FIELDS.items():
+        for name, kind in fields.items():
+            assert layouts[struct].field(name).kind == kind, (struct, name)  # type: ignore[union-attr]
+    batch = layouts["llama_batch"]
+    assert batch.field("seq_id").decl == "llama_seq_id **"  # type: ignore[union-attr]
+    assert batch.field("embd").kind == "*?"  # a pointer the engine never follows  # type: ignore[union-attr]
+    # the probed layout builds a ctypes class of the same size, the engine fields where C has them
+    cls = abi.struct_class(layouts["llama_context_params"])
+    assert ctypes.sizeof(cls) == layouts["llama_context_params"].size
+    assert cls.kv_unified.offset == layouts["llama_context_params"].field("kv_unified").offset  # type: ignore[union-attr]
+
+
+def _patched(tmp_path: Path, old: str, new: str) -> llama_abi.Headers:
+    target = tmp_path / "llama.cpp"
+    shutil.copytree(tree("0.3.36"), target)
+    llama_h = target / "include" / "llama.h"
+    text = llama_h.read_text()
+    assert old in text
+    llama_h.write_text(text.replace(old, new, 1))
+    return llama_abi.resolve_headers(target, tmp_path)
+
+
+def test_an_older_layout_is_usable_by_the_engine() -> None:
+    """0.3.35 (like DLC b10433) lacks lazy_mode: the binding's structs do not fit, the engine's do."""
+    layouts = llama_abi.check(llama_abi.resolve_headers(tree("0.3.35"), Path("/nonexistent")))
+    assert layouts["llama_model_params"].size == 72
+
+
+def test_a_renamed_engine_field_is_refused_naming_it(tmp_path: Path) -> None:
+    headers = _patched(tmp_path, "uint32_t n_ubatch;", "uint32_t n_ubatch_max;")
+    with pytest.raises(llama_abi.AbiError) as refused:
+        llama_abi.check(headers)
+    message = str(refused.value)
+    assert "llama_context_params.n_ubatch: the engine sets this field; this llama.h lacks it" in message
+    assert len(message.splitlines()) == 1
+
+
+def test_a_retyped_engine_field_is_refused_naming_both_types(tmp_path: Path) -> None:
+    headers = _patched(tmp_path, "int8_t       *  logits;", "float        *  logits;")
+    with pytest.raises(llama_abi.AbiError, match=r"llama_batch\.logits: the engine needs C type int8_t \*, "
+                       r"this llama\.h declares float \* \(float \*\)"):  # fmt: skip
+        llama_abi.check(headers)
 
 
 def test_lazy_mode_moves_llama_model_params_from_72_to_80_bytes() -> None:
     old = llama_abi.c_layout(llama_abi.resolve_headers(tree("0.3.35"), Path("/nonexistent")))
     new = llama_abi.c_layout(llama_abi.resolve_headers(tree("0.3.36"), Path("/nonexistent")))
     assert (old["llama_model_params"].size, new["llama_model_params"].size) == (72, 80)
-    assert "lazy_mode" not in old["llama_model_params"].offsets
-    assert new["llama_model_params"].offsets["lazy_mode"] == 28
+    assert old["llama_model_params"].field("lazy_mode") is None
+    assert new["llama_model_params"].field("lazy_mode").offset == 28  # type: ignore[union-attr]
     assert (
-        old["llama_model_params"].offsets["main_gpu"] == 28
-        and new["llama_model_params"].offsets["main_gpu"] == 32
+        old["llama_model_params"].field("main_gpu").offset == 28  # type: ignore[union-attr]
+        and new["llama_model_params"].field("main_gpu").offset == 32  # type: ignore[union-attr]
     )
     assert old["llama_context_params"].size == new["llama_context_params"].size  # unchanged in between
 
@@ -137,7 +190,8 @@ def test_verify_against_the_installed_library_records_the_verified_pair(tmp_path
     live = llama_abi.binding.library_version(llama_abi.binding.load().llama_cpp._lib)
     assert data["library"] == {"llama": "0.5.0-dev", "ggml": live.ggml, "commit": live.commit}
     assert data["binding"] == "0.3.36" and data["library_path"].endswith("libllama.so")
-    assert data["structs"]["llama_model_params"]["offsets"]["lazy_mode"] == 28
+    fields = {f["name"]: f for f in data["structs"]["llama_model_params"]["fields"]}
+    assert fields["lazy_mode"]["offset"] == 28 and fields["n_gpu_layers"]["kind"] == "i32"
     assert data["structs"]["llama_model_params"]["size"] == 80
 
 

@@ -15,14 +15,15 @@ class ImageUnderTest:
     container: str
     url: str
     model_dir: Path
-    old_base: str
-    old_context: Path
+    binding: str  # the llama-cpp-python release whose vendored llama.cpp the stand-in base carries
+    base: str  # the stand-in base image (name@sha256:digest)
+    base_libs: Path  # the stand-in's libllama/libggml directory on this host
     work_dir: Path
 
 
 @pytest.fixture(scope="session")
 def under_test() -> ImageUnderTest:
-    names = ("IMAGE", "CONTAINER", "URL", "MODEL_DIR", "OLD_BASE", "OLD_CONTEXT", "WORK_DIR")
+    names = ("IMAGE", "CONTAINER", "URL", "MODEL_DIR", "BINDING", "BASE", "BASE_LIBS", "WORK_DIR")
     values = {name: os.environ.get(f"SEMIF_TEST_{name}", "") for name in names}
     missing = [f"SEMIF_TEST_{name}" for name, value in values.items() if not value]
     if missing:
@@ -34,7 +35,8 @@ def under_test() -> ImageUnderTest:
         container=values["CONTAINER"],
         url=values["URL"].rstrip("/"),
         model_dir=Path(values["MODEL_DIR"]),
-        old_base=values["OLD_BASE"],
-        old_context=Path(values["OLD_CONTEXT"]),
+        binding=values["BINDING"],
+        base=values["BASE"],
+        base_libs=Path(values["BASE_LIBS"]),
         work_dir=Path(values["WORK_DIR"]),
     )
