@@ -23,7 +23,8 @@ $(PY):
 # kernels (picked by -march=native on CPUs that advertise AMX) crash in llama_decode on some VMs.
 LLAMA_CPP_PYTHON := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml | head -n 1)
 LLAMA_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
-WHEEL_DIR := $(HOME)/.cache/semif-adapter/wheels/$(shell echo '$(LLAMA_CPP_PYTHON) $(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-16)
+CACHE_HOME := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)
+WHEEL_DIR := $(CACHE_HOME)/semif-adapter/wheels/$(shell echo '$(LLAMA_CPP_PYTHON) $(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-16)
 FIND_WHEEL := --find-links $(WHEEL_DIR)
 
 $(WHEEL_DIR)/.built: | $(PY)

@@ -48,7 +48,8 @@ NATIVE_SUFFIXES = (".so", ".dylib", ".dll", ".pyd")
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("SEMIF_WHEEL_CACHE", Path.home() / ".cache" / "semif-adapter" / "wheels"))
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("SEMIF_WHEEL_CACHE", cache / "semif-adapter" / "wheels"))
 
 
 def platform_tags(arch: str) -> list[str]:

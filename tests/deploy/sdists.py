@@ -27,7 +27,7 @@ KEEP = (
 
 
 def cache_root() -> Path:
-    default = Path.home() / ".cache" / "semif-adapter" / "sdists"
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "semif-adapter" / "sdists"
     return Path(os.environ.get("SEMIF_SDIST_CACHE", default))
 
 
