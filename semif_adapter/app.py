@@ -6,12 +6,14 @@ render. Every error is JSON with a stable ``type``; a caller's mistake is always
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import __version__, request_scope
+from . import __version__, auth, request_scope
 from .body import read_body
 from .decision_json import numbered_lines, read_decision_json, refuse_counts, refuse_options
 from .errors import DecisionValidationError, SemifError, UnsupportedMediaType
@@ -33,11 +35,13 @@ from .protocol import (
     InvocationRequest,
     SharedResponse,
     SingleResponse,
+    check_shared_batch,
 )
 from .serving import DecisionService, Engine
 from .settings import Settings
 
 log = logging.getLogger("semif_adapter.http")
+T = TypeVar("T")
 
 # No Content-Type, or the generic octet-stream an InvokeEndpoint caller may leave, is read as JSON.
 JSON_TYPES = {"application/json", "text/json", "application/octet-stream", ""}
@@ -62,14 +66,33 @@ def _error_body(request: Request, exc: SemifError) -> dict[str, Any]:
 
 
 def error_response(request: Request, exc: SemifError) -> JSONResponse:
-    headers = {"Retry-After": str(request.app.state.settings.retry_after_s)} if exc.retryable else None
-    return JSONResponse(_error_body(request, exc), status_code=exc.status, headers=headers)
+    headers = {"Retry-After": str(request.app.state.settings.retry_after_s)} if exc.retryable else {}
+    if getattr(exc, "close_connection", False):
+        headers["Connection"] = "close"
+    return JSONResponse(_error_body(request, exc), status_code=exc.status, headers=headers or None)
 
 
 def _validation_error(exc: ValidationError, root: tuple[str | int, ...] = ()) -> DecisionValidationError:
     first = exc.errors()[0]
     loc = root + tuple(first["loc"])
     return DecisionValidationError(first["msg"], loc=loc)
+
+
+# Bodies above this size are parsed and validated on a worker thread, so /ping never waits behind them.
+OFF_LOOP_BYTES = 64 * 1024
+_PARSERS = threading.BoundedSemaphore(2)  # at most two large bodies parsed at once: CPU and memory bounded
+
+
+async def off_loop(size: int, parse: Callable[[], T]) -> T:
+    """Run ``parse`` inline for small bodies, else on a worker thread (at most two at a time)."""
+    if size <= OFF_LOOP_BYTES:
+        return parse()
+
+    def bounded() -> T:
+        with _PARSERS:
+            return parse()
+
+    return await asyncio.to_thread(bounded)
 
 
 def _media_type(request: Request) -> str:
@@ -118,8 +141,13 @@ def create_app(
         request.state.request_id = request_id
         request.state.log = {}
         started = time.perf_counter()
-        try:  # the request's deadline and its connection, for the engine to stop when either ends
+        try:  # the key first; then the request's deadline and its connection, for the engine to stop on
+            if auth.requires_key(request.url.path, settings.api_key, settings.metrics_open):
+                auth.check_bearer(request.headers.get("authorization"), settings.api_key)
             limit_s = request_scope.requested_limit(request.headers, settings.request_timeout_s)
+        except auth.AuthenticationFailed as exc:
+            response = error_response(request, exc)
+            response.headers["WWW-Authenticate"] = "Bearer"
         except SemifError as exc:
             response = _header_error(request, exc)
         else:
@@ -230,23 +258,15 @@ def create_app(
             raise UnsupportedMediaType(
                 f"Content-Type {media_type!r} is not supported; use application/json or application/jsonlines"
             )
-        payload = read_decision_json(body, settings.max_json_depth)
-        if (
-            isinstance(payload, dict)
-            and "questions" in payload
-            and not ("decision" in payload or "decisions" in payload)
-        ):
+        payload, parsed = await off_loop(len(body), lambda: _parse_invocation(body))
+        if parsed is None:
             from .systemone import answer_systemone_invocation
 
             return await answer_systemone_invocation(request, service, payload)
-        if isinstance(payload, dict):
-            refuse_counts(payload, settings)
-        try:
-            parsed = InvocationRequest.model_validate(payload)
-        except ValidationError as exc:
-            raise _validation_error(exc) from exc
         single = parsed.decision is not None
         try:
+            # judged before admission: a bad batch gets its 400 even while the engine is busy
+            check_shared_batch(parsed.all_decisions, settings.max_decisions, settings.max_options)
             scored = await service.score_timed(parsed.all_decisions)
         except SemifError as exc:
             if single and exc.loc[:2] == ("decisions", 0):
@@ -264,7 +284,30 @@ def create_app(
             content = scored.batch.model_dump(mode="json")
         return JSONResponse(content)
 
+    def _parse_invocation(body: bytes) -> tuple[Any, InvocationRequest | None]:
+        """JSON → the decision request (``None`` for a System One body), validated, states rendered."""
+        payload = read_decision_json(body, settings.max_json_depth)
+        if (
+            isinstance(payload, dict)
+            and "questions" in payload
+            and not ("decision" in payload or "decisions" in payload)
+        ):
+            return payload, None
+        if isinstance(payload, dict):
+            refuse_counts(payload, settings)
+        try:
+            parsed = InvocationRequest.model_validate(payload)
+        except ValidationError as exc:
+            raise _validation_error(exc) from exc
+        for decision in parsed.all_decisions:
+            _ = decision.state_text  # a large structured state is rendered here, off the event loop
+        return payload, parsed
+
     async def _jsonlines(request: Request, body: bytes) -> Response:
+        decisions = await off_loop(len(body), lambda: _parse_jsonlines(body))
+        return await _score_jsonlines(request, decisions)
+
+    def _parse_jsonlines(body: bytes) -> list[Decision]:
         lines: list[tuple[int, bytes]] = []
         for numbered in numbered_lines(body):
             lines.append(numbered)
@@ -284,12 +327,23 @@ def create_app(
                 raise _validation_error(exc, (f"line {number}",)) from exc
         if not decisions:
             raise DecisionValidationError("jsonlines body has no decisions")
+        for decision in decisions:
+            _ = decision.state_text
+        return decisions
+
+    async def _score_jsonlines(request: Request, decisions: list[Decision]) -> Response:
         # Lines about the same state share one prefill; determinism makes grouping invisible.
         groups: dict[str, list[int]] = {}
         for index, decision in enumerate(decisions):
             groups.setdefault(decision.state_text, []).append(index)
         order = list(groups.values())
         try:
+            for group, indices in enumerate(order):
+                try:
+                    check_shared_batch([decisions[i] for i in indices], len(decisions), settings.max_options)
+                except SemifError as exc:
+                    exc.group = group  # type: ignore[attr-defined]
+                    raise
             batches, waited, engine_s = await service.score_groups(
                 [[decisions[i] for i in indices] for indices in order]
             )

@@ -26,6 +26,7 @@ class BodyTooLarge(SemifError):
 class BodyTimeout(SemifError):
     code = "request_timeout"
     status = 408
+    close_connection = True  # the rest of a trickled body must not be read as a next request
 
 
 class UnsupportedEncoding(SemifError):
@@ -152,4 +153,8 @@ async def read_body(request: Request, settings: Settings) -> bytes:
         raise BodyTimeout(f"request body not received within {settings.body_timeout_s:g} s") from exc
     except ClientDisconnect as exc:
         raise MalformedBody("client disconnected while sending the body") from exc
-    return decode_content(raw, request.headers.get("content-encoding"), limit)
+    encoding = request.headers.get("content-encoding")
+    if not encoding or encoding.strip().lower() == "identity":
+        return raw
+    # decompressing up to 6 MB takes tens of milliseconds: on a worker thread, so /ping never waits for it
+    return await asyncio.to_thread(decode_content, raw, encoding, limit)

@@ -17,6 +17,8 @@ from .errors import SemifError
 from .settings import Settings
 
 log = logging.getLogger("semif_adapter")
+# After the grace period, time for an aborted request to stop (within one decode call) and be answered.
+ABORT_MARGIN_S = 5.0
 
 
 def _settings_or_exit() -> Settings:
@@ -30,12 +32,17 @@ def _settings_or_exit() -> Settings:
         raise SystemExit(2) from exc
 
 
-def _graceful_server(config: Any) -> Any:
-    """A uvicorn server that exits 0 after a signal-initiated graceful shutdown.
+def _graceful_server(config: Any, service: Any = None, grace_s: float = 0.0) -> Any:
+    """A uvicorn server that answers every request it accepted, then exits 0.
 
-    uvicorn re-raises the captured SIGTERM once it has drained, so the process would die "by
-    signal" (exit 143 under Docker) although every in-flight request finished.
+    On SIGTERM it stops listening and refuses new requests (``/ping`` 503); requests already running get
+    ``grace_s`` to finish, then are aborted through their deadline token and answered with a retryable JSON
+    503 ``shutting_down`` — before uvicorn's own graceful timeout (``grace_s`` + 5 s) would cut them off
+    with a plain-text 500. uvicorn re-raises the captured SIGTERM once it has drained, so the process would
+    die "by signal" (exit 143 under Docker) although every request was answered: that is swallowed.
     """
+    import asyncio
+
     import uvicorn
 
     class GracefulServer(uvicorn.Server):
@@ -45,6 +52,17 @@ def _graceful_server(config: Any) -> Any:
                 yield
                 getattr(self, "_captured_signals", []).clear()
 
+        async def shutdown(self, sockets: Any = None) -> None:
+            timer = None
+            if service is not None:
+                service.begin_shutdown()
+                timer = asyncio.get_running_loop().call_later(grace_s, service.abort_in_flight)
+            try:
+                await super().shutdown(sockets)
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
     return GracefulServer(config)
 
 
@@ -52,6 +70,8 @@ def serve(_: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import create_app
+    from .auth import on_sagemaker
+    from .connections import default_max_connections, guarded_protocol, raise_fd_limit
     from .engine import DecisionEngine
     from .logs import configure_logging
     from .model_discovery import discover_gguf
@@ -71,18 +91,26 @@ def serve(_: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True  # SageMaker surfaces a non-zero exit as the failure reason
 
+    if settings.api_key and on_sagemaker():
+        log.warning(
+            "SEMIF_API_KEY is set on SageMaker: InvokeEndpoint cannot send an Authorization header, so every "
+            "invocation will get 401; IAM already guards InvokeEndpoint, unset the key there"
+        )
     app = create_app(settings, lambda: DecisionEngine.load(settings, gguf), on_fatal=on_fatal)
+    fd_limit = raise_fd_limit()
+    max_connections = settings.max_connections or default_max_connections(fd_limit)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        http=guarded_protocol(settings.header_timeout_s, max_connections, settings.retry_after_s),
         log_config=None,
         access_log=False,
         timeout_keep_alive=75,  # longer than SageMaker's 60 s invocation timeout
-        timeout_graceful_shutdown=60,
+        timeout_graceful_shutdown=settings.shutdown_grace_s + ABORT_MARGIN_S,
         lifespan="on",
     )
-    server = _graceful_server(config)
+    server = _graceful_server(config, app.state.service, settings.shutdown_grace_s)
     log.info("starting", extra={"host": settings.host, "port": settings.port, "gguf": str(gguf)})
     server.run()
     return 1 if fatal else 0

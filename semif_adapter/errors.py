@@ -60,6 +60,14 @@ class NotReady(SemifError):
     retryable = True
 
 
+class ShuttingDown(SemifError):
+    """The server was told to stop and its grace period ended while this request was still running."""
+
+    code = "shutting_down"
+    status = 503
+    retryable = True
+
+
 class EngineFailure(SemifError):
     """The model produced something unusable (non-finite logits, a failed decode).
 

@@ -6,9 +6,12 @@ Field names follow the reference SemIf sample so its callers can switch without 
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import DecisionValidationError
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 MAX_ID_CHARS = 1024  # a decision id is echoed back, never read by the model: no reason for megabytes
@@ -68,8 +71,9 @@ class Decision(BaseModel):
                 raise ValueError(f"{name} contains an unpaired surrogate at position {exc.start}") from exc
         return self
 
-    @property
+    @cached_property
     def state_text(self) -> str:
+        """Rendered once per decision: a multi-megabyte JSON state is compared, grouped and tokenized."""
         return state_to_text(self.state)
 
 
@@ -180,3 +184,36 @@ class ErrorResponse(BaseModel):
     error: str
     type: str
     retryable: bool | None = None
+
+
+def check_shared_batch(decisions: list[Decision], max_decisions: int, max_options: int) -> None:
+    """What a batch must satisfy beyond each decision's schema: count, unique ids, one state, option count.
+
+    The HTTP layer runs it before asking for the engine (a bad request never waits for, or holds, the
+    engine); the engine runs it again for direct callers. ``loc`` names the offending decision.
+    """
+    if not decisions:
+        raise DecisionValidationError("at least one decision is required", loc=("decisions",))
+    if len(decisions) > max_decisions:
+        raise DecisionValidationError(
+            f"{len(decisions)} decisions in one request; the limit is {max_decisions}", loc=("decisions",)
+        )
+    seen: dict[str, int] = {}
+    state = decisions[0].state_text
+    for index, decision in enumerate(decisions):
+        if decision.id in seen:
+            raise DecisionValidationError(
+                f"duplicate decision id {decision.id!r} (also at index {seen[decision.id]})",
+                loc=("decisions", index, "id"),
+            )
+        seen[decision.id] = index
+        if decision.state_text != state:
+            raise DecisionValidationError(
+                "all decisions in one request must have exactly the same state as decisions[0]",
+                loc=("decisions", index, "state"),
+            )
+        if len(decision.options) > max_options:
+            raise DecisionValidationError(
+                f"{len(decision.options)} options; the limit is {max_options}",
+                loc=("decisions", index, "options"),
+            )

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from . import request_scope
 from .admission import Admission
-from .engine.deadline import ClientDisconnected, Deadline, DeadlineExceeded
+from .engine.deadline import SHUTTING_DOWN, ClientDisconnected, Deadline, DeadlineExceeded
 from .errors import EngineFailure, ModelBusy, NotReady, SemifError
 from .metrics import Metrics
 from .protocol import BatchResult, Decision, ModelInfo
@@ -76,6 +76,7 @@ class DecisionService:
         self.failure: str | None = None
         self.admission = Admission(settings.max_queue, settings.retry_after_s, settings.engine_nice)
         metrics.in_flight.set_function(lambda: self.admission.admitted)
+        self._in_flight: set[Deadline] = set()  # running and queued requests' tokens
         self.throughput = Throughput()
         metrics.throughput.set_function(lambda: self.throughput.tokens_per_s or 0.0)
         metrics.watch_prefix_cache(self._prefix_cache_stats)
@@ -121,6 +122,22 @@ class DecisionService:
         log.error(reason)
         if self._on_fatal is not None:
             self._on_fatal(reason)
+
+    def begin_shutdown(self) -> None:
+        """A stop signal arrived: /ping turns 503 and new requests are refused; running ones go on."""
+        if self.phase is not Phase.failed:
+            self.phase = Phase.stopping
+        self.metrics.ready.set(0)
+
+    def abort_in_flight(self) -> int:
+        """The grace period ended: stop every running or queued request at its next check point (each
+        gets a retryable 503 ``shutting_down``); returns how many were stopped."""
+        tokens = list(self._in_flight)
+        for token in tokens:
+            token.cancel(SHUTTING_DOWN)
+        if tokens:
+            log.warning("grace period over: aborting %d request(s) still in flight", len(tokens))
+        return len(tokens)
 
     async def shutdown(self) -> None:
         """Refuse new work, let the running operation finish, then free the model."""
@@ -208,6 +225,7 @@ class DecisionService:
             value = fn(deadline)
             return value, time.perf_counter() - t0
 
+        self._in_flight.add(deadline)
         try:
             async with request_scope.guard(deadline, scope):
                 (batches, engine_s), waited = await self.admission.run(timed)
@@ -225,6 +243,7 @@ class DecisionService:
             await self._check_health()
             raise
         finally:
+            self._in_flight.discard(deadline)
             self.throughput.observe(deadline.tokens_done, deadline.decode_seconds)
         self.metrics.queue_wait.observe(waited)
         self.metrics.engine_seconds.observe(engine_s)

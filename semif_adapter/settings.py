@@ -83,6 +83,17 @@ class Settings(BaseSettings):
         description="How much lower the engine's CPU priority is than the HTTP layer's (Linux nice), so "
         "/ping and busy 503s are answered promptly while decoding fills every core; 0 = the same.",
     )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Time allowed for a request's headers to arrive; then the connection is closed.",
+    )
+    max_connections: int | None = Field(
+        default=None,
+        ge=1,
+        description="Open connections allowed; one more gets 503 too_many_connections and is closed. "
+        "Default: half of what the open-file limit leaves (the soft limit is raised to the hard one).",
+    )
     max_body_bytes: int = Field(default=6 * 1024 * 1024, ge=1024, description="Request body limit (decoded).")
     body_timeout_s: float = Field(default=10.0, gt=0, description="Time allowed to receive a request body.")
     max_json_depth: int = Field(
@@ -98,6 +109,12 @@ class Settings(BaseSettings):
         description="Deadline per request from arrival (under SageMaker's 60 s); 0 = none. "
         "A request may shorten it with the X-Semif-Timeout-S header.",
     )
+    shutdown_grace_s: float = Field(
+        default=20.0,
+        ge=0,
+        description="After SIGTERM, how long running requests may finish before they are aborted with a "
+        "retryable 503 shutting_down (SageMaker sends SIGKILL 30 s after SIGTERM).",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     # --- Jev / System One compatibility -----------------------------------------------------
@@ -108,7 +125,12 @@ class Settings(BaseSettings):
         default_factory=lambda: ["jev-latest", "jev-preview"],
         description="Extra names accepted in the request's 'model' field (JSON list).",
     )
-    api_key: str | None = Field(default=None, description="Bearer key for /v1/*; unset = no auth.")
+    api_key: str | None = Field(
+        default=None,
+        description="Bearer key required on every route but /ping (outside SageMaker, where IAM guards "
+        "InvokeEndpoint and no Authorization header can be sent); unset = no auth.",
+    )
+    metrics_open: bool = Field(default=False, description="Serve /metrics without the API key.")
 
     @field_validator("gguf_path", "calibration_path", "llama_abi_record", mode="before")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -218,11 +220,15 @@ class RequestInFlight:
     """One decision request running on a thread; ``status`` is set when its answer arrives."""
 
     thread: threading.Thread
-    outcome: dict[str, int]
+    outcome: dict[str, Any]
 
     @property
     def status(self) -> int | None:
         return self.outcome.get("status")
+
+    @property
+    def body(self) -> Any:
+        return json.loads(self.outcome["text"])
 
 
 def start_request_in_engine(server: LiveServer, events: int, timeout: float = 30) -> RequestInFlight:
@@ -237,12 +243,13 @@ def start_request_in_engine(server: LiveServer, events: int, timeout: float = 30
         "question": "Is it growing?",
         "options": [{"id": "y"}, {"id": "n"}],
     }
-    outcome: dict[str, int] = {}
+    outcome: dict[str, Any] = {}
 
     def call() -> None:
         with httpx.Client(timeout=120) as client:
             response = client.post(server.url + "/invocations", json={"decision": decision})
             outcome["status"] = response.status_code
+            outcome["text"] = response.text
 
     thread = threading.Thread(target=call)
     thread.start()

@@ -20,10 +20,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import SemifError
+from ..errors import SemifError, ShuttingDown
 
 DEADLINE = "deadline"
 DISCONNECTED = "disconnected"
+SHUTTING_DOWN = "shutting_down"
 
 
 class DeadlineExceeded(SemifError):
@@ -147,6 +148,11 @@ class Deadline:
         done, needed = self.tokens_done, self.tokens_needed
         if self.reason == DISCONNECTED:
             return ClientDisconnected(f"the client disconnected; stopped after {done} of {needed} tokens")
+        if self.reason == SHUTTING_DOWN:
+            return ShuttingDown(
+                f"the server is shutting down and its grace period ended after {done} of {needed} tokens; "
+                "retry on another instance"
+            )
         return DeadlineExceeded(
             f"the request's {_fmt(self.limit_s or 0.0)} s deadline passed after {done} of {needed} tokens "
             f"({needed - done} still needed); send fewer tokens per request",

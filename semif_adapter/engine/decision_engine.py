@@ -40,6 +40,7 @@ from ..protocol import (
     DecisionResult,
     DecisionTiming,
     ModelInfo,
+    check_shared_batch,
 )
 from ..settings import Settings
 from .deadline import Deadline
@@ -47,6 +48,10 @@ from .labels import LabelSet, build_label_set
 from .llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
 from .prefix_cache import CacheStats, PrefixCache, SavedPrefix
 from .prompt import PROMPT_VERSION, PromptHasher, Scaffold, build_scaffold, decision_text
+
+# Oversized-state check: slice length in characters, and tokens a cut may add over the whole text's count.
+SLICE_CHARS = 16_384
+CUT_ALLOWANCE = 4
 
 log = logging.getLogger(__name__)
 
@@ -204,13 +209,8 @@ class DecisionEngine:
     def _parse(self, decisions: Sequence[Decision | Mapping[str, Any]]) -> list[Decision]:
         if not isinstance(decisions, Sequence) or isinstance(decisions, (str, bytes)):
             raise DecisionValidationError("decisions must be a list", loc=("decisions",))
-        if not decisions:
-            raise DecisionValidationError("at least one decision is required", loc=("decisions",))
-        if len(decisions) > self.settings.max_decisions:
-            raise DecisionValidationError(
-                f"{len(decisions)} decisions in one request; the limit is {self.settings.max_decisions}",
-                loc=("decisions",),
-            )
+        if len(decisions) > self.settings.max_decisions:  # before validating thousands of items
+            check_shared_batch(list(decisions), self.settings.max_decisions, self.settings.max_options)
         parsed: list[Decision] = []
         for index, item in enumerate(decisions):
             if isinstance(item, Decision):
@@ -221,30 +221,13 @@ class DecisionEngine:
             except ValidationError as exc:
                 first = exc.errors()[0]
                 raise DecisionValidationError(first["msg"], loc=("decisions", index, *first["loc"])) from exc
-        seen: dict[str, int] = {}
-        state = parsed[0].state_text
-        for index, decision in enumerate(parsed):
-            if decision.id in seen:
-                raise DecisionValidationError(
-                    f"duplicate decision id {decision.id!r} (also at index {seen[decision.id]})",
-                    loc=("decisions", index, "id"),
-                )
-            seen[decision.id] = index
-            if decision.state_text != state:
-                raise DecisionValidationError(
-                    "all decisions in one request must have exactly the same state as decisions[0]",
-                    loc=("decisions", index, "state"),
-                )
-            if len(decision.options) > self.settings.max_options:
-                raise DecisionValidationError(
-                    f"{len(decision.options)} options; the limit is {self.settings.max_options}",
-                    loc=("decisions", index, "options"),
-                )
+        check_shared_batch(parsed, self.settings.max_decisions, self.settings.max_options)
         return parsed
 
     def _plan(self, decisions: list[Decision]) -> tuple[list[int], list[_Planned]]:
         tokenize = self.runtime.tokenize
         prefix_user = decision_text(self.scaffold, decisions[0].state_text, "", []).prefix_user
+        self._refuse_oversized(prefix_user)
         prefix_tokens = self._head_tokens + tokenize(prefix_user, False)
         n_prefix = len(prefix_tokens)
         n_ctx = self.runtime.n_ctx
@@ -280,6 +263,38 @@ class DecisionEngine:
                 loc=("decisions",),
             )
         return prefix_tokens, planned
+
+    def _refuse_oversized(self, prefix_user: str) -> None:
+        """Refuse a state that cannot fit without tokenizing all of it (a 6 MB state is 2.6 M tokens and
+        seconds of engine time): count it in slices cut at a space or comma and stop once the count has passed
+        what the context or SEMIF_MAX_REQUEST_TOKENS allows. Slices count a few tokens more than the whole
+        text would (a merge across a cut is lost), so CUT_ALLOWANCE tokens a cut are taken off first; a
+        state that may fit is tokenized whole as before, so answers never depend on this."""
+        if len(prefix_user) <= SLICE_CHARS:
+            return
+        limit = min(self.runtime.n_ctx - 1, self.settings.max_request_tokens) - len(self._head_tokens)
+        counted = cuts = start = 0
+        while start < len(prefix_user):
+            end = min(len(prefix_user), start + SLICE_CHARS)
+            if end < len(prefix_user):
+                lo = start + SLICE_CHARS // 2  # cut where a token is unlikely to span: a space or a comma
+                cut = max(prefix_user.rfind(mark, lo, end) for mark in (" ", "\n", ","))
+                end = cut if cut > start else end
+            counted += len(self.runtime.tokenize(prefix_user[start:end], False))
+            cuts += 1 if end < len(prefix_user) else 0
+            start = end
+            if counted - CUT_ALLOWANCE * cuts > limit:
+                at_least = counted - CUT_ALLOWANCE * cuts + len(self._head_tokens)
+                where = (
+                    f"the context holds {self.runtime.n_ctx}"
+                    if self.runtime.n_ctx - 1 <= self.settings.max_request_tokens
+                    else f"the limit is {self.settings.max_request_tokens} (SEMIF_MAX_REQUEST_TOKENS)"
+                )
+                raise TokenBudgetExceeded(
+                    f"the state alone needs more than {at_least} tokens (counted {start} of "
+                    f"{len(prefix_user)} characters, then stopped); {where}",
+                    loc=("decisions", 0, "state"),
+                )
 
     # --- decoding -----------------------------------------------------------------------------------
     def _reset(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
+from semif_adapter.auth import AuthenticationFailed
 from semif_adapter.errors import DecisionValidationError, SemifError
 
 log = logging.getLogger(__name__)
@@ -41,11 +42,6 @@ class SystemOneValidationError(Exception):
             {"loc": [*prefix, *item["loc"]], "msg": item["msg"], "type": item["type"]}
             for item in error.errors(include_url=False, include_input=False, include_context=False)
         )
-
-
-class AuthenticationFailed(SemifError):
-    code = "authentication_error"
-    status = 401
 
 
 def _dotted(loc: Sequence[LocPart]) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from semif_adapter.auth import check_bearer
 from semif_adapter.body import read_body
 from semif_adapter.errors import NotReady
 from semif_adapter.settings import Settings
@@ -30,7 +31,6 @@ from semif_adapter.systemone.service import (
     ScoringService,
     accepted_model_names,
     answer_systemone,
-    check_bearer,
     parse_json_body,
 )
 

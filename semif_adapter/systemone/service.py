@@ -6,7 +6,6 @@ All questions of a request become decisions about the same state and go to the e
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -24,7 +23,7 @@ from semif_adapter.protocol import BatchResult, Decision
 from semif_adapter.settings import Settings
 from semif_adapter.systemone.answers import answer_for
 from semif_adapter.systemone.convert import content_text, ensure_utf8, question_to_decision, refuse_images
-from semif_adapter.systemone.errors import AuthenticationFailed, LocPart, SystemOneValidationError
+from semif_adapter.systemone.errors import LocPart, SystemOneValidationError
 from semif_adapter.systemone.protocol import (
     SystemOneRequest,
     SystemOneResponse,
@@ -74,17 +73,6 @@ def parse_json_body(body: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
             loc = ["body", error.pos or 0]
             msg = f"JSON decode error: {error.message} at {error.position}"
         raise SystemOneValidationError.single(loc, msg, "json_invalid") from error
-
-
-def check_bearer(authorization: str | None, api_key: str | None) -> None:
-    """Bearer auth only when a key is configured; otherwise any Authorization header is ignored."""
-    if not api_key:
-        return
-    scheme, _, token = (authorization or "").partition(" ")
-    presented = token.strip().encode("utf-8", "surrogateescape") if scheme.lower() == "bearer" else b""
-    if not hmac.compare_digest(presented, api_key.encode("utf-8")):
-        message = "missing API key" if not authorization else "invalid API key"
-        raise AuthenticationFailed(f"{message}: send 'Authorization: Bearer <key>'")
 
 
 def accepted_model_names(served_model_name: str, aliases: Iterable[str]) -> list[str]:

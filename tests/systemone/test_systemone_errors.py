@@ -7,6 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from semif_adapter import auth
 from semif_adapter.body import BodyTooLarge, UnsupportedEncoding
 from semif_adapter.errors import (
     DecisionValidationError,
@@ -45,12 +46,12 @@ def rendered(exc):
 
 @pytest.mark.parametrize("header", [None, "", "Bearer anything", "Basic Zm9vOmJhcg==", "garbage"])
 def test_no_key_configured_accepts_any_authorization(header):
-    s1.check_bearer(header, None)
+    auth.check_bearer(header, None)
 
 
 @pytest.mark.parametrize("header", ["Bearer s3cret", "bearer s3cret", "Bearer  s3cret "])
 def test_right_key_passes(header):
-    s1.check_bearer(header, "s3cret")
+    auth.check_bearer(header, "s3cret")
 
 
 @pytest.mark.parametrize(
@@ -67,7 +68,7 @@ def test_right_key_passes(header):
 )
 def test_wrong_or_missing_key_is_401(header, word):
     with pytest.raises(AuthenticationFailed) as info:
-        s1.check_bearer(header, "s3cret")
+        auth.check_bearer(header, "s3cret")
     status, payload, headers = rendered(info.value)
     assert status == 401 and headers["www-authenticate"] == "Bearer"
     assert payload["detail"]["error_type"] == "authentication_error"
@@ -76,9 +77,9 @@ def test_wrong_or_missing_key_is_401(header, word):
 
 def test_key_is_compared_in_constant_time(monkeypatch):
     calls = []
-    real = s1.hmac.compare_digest
-    monkeypatch.setattr(s1.hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
-    s1.check_bearer("Bearer s3cret", "s3cret")
+    real = auth.hmac.compare_digest
+    monkeypatch.setattr(auth.hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+    auth.check_bearer("Bearer s3cret", "s3cret")
     assert calls == [(b"s3cret", b"s3cret")]
 
 
