@@ -58,7 +58,7 @@ DENSE_HEAD = 2
 DENSE_HEAD_KV = 1
 DENSE_FF = 128
 DENSE_LAYER = 6  # five sliding-window layers, then one global
-DENSE_SWA = 256  # shorter than most test states, so the per-block canonical layout is exercised
+DENSE_SWA = 512  # the demo gemma's window; agent-loop states outgrow it (per-block canonical layout)
 
 
 def fixture_name(arch: str = "qwen35") -> str:
@@ -305,7 +305,7 @@ QWEN35_4B = Qwen35Shape(
 )  # fmt: skip
 # The same layout scaled down for the CPU dry run of the GPU check (one full-attention layer in four).
 QWEN35_SMALL = Qwen35Shape(
-    n_embd=512, n_layer=4, n_head=4, n_head_kv=1, head_dim=64, n_ff=1024, full_attention_interval=4,
+    n_embd=256, n_layer=4, n_head=4, n_head_kv=1, head_dim=64, n_ff=512, full_attention_interval=4,
     ssm_state=32, ssm_groups=8, ssm_v_heads=16, ssm_conv=4, rope_dims=16, rope_sections=(3, 3, 2, 0),
     n_vocab=None, context_length=32_768,
 )  # fmt: skip
