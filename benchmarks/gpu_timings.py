@@ -287,15 +287,18 @@ def main() -> int:
         "load_s": load_s,
     }
     steps = [
-        ("cold_decisions", lambda: cold_decisions(engine, 1 if quick else args.rounds)),
-        ("sharing", lambda: sharing(engine, 400 if quick else 1500, 1 if quick else 3)),
-        ("agent_loop", lambda: agent_loop(engine, 300 if quick else 2000, 150, 2 if quick else 5)),
+        (
+            "cold_decisions",
+            lambda: cold_decisions(engine, 1 if quick else args.rounds, 12 if quick else None),
+        ),
+        ("sharing", lambda: sharing(engine, 200 if quick else 1500, 1 if quick else 3)),
+        ("agent_loop", lambda: agent_loop(engine, 200 if quick else 2000, 150, 2 if quick else 5)),
         ("state_io", lambda: state_io(engine, [128, 512] if quick else [512, 2048, 8000], 2 if quick else 5)),
         ("raw_prefill", lambda: raw_prefill(engine, 512 if quick else 4096, 1 if quick else 3)),
-        ("engine_prefill", lambda: engine_prefill_rate(engine, 400 if quick else 4000, 1 if quick else 3)),
+        ("engine_prefill", lambda: engine_prefill_rate(engine, 200 if quick else 4000, 1 if quick else 3)),
         (
             "deadline",
-            lambda: overshoot(engine, 800 if quick else 6000, [0.3, 0.6] if quick else [0.2, 0.5, 0.8]),
+            lambda: overshoot(engine, 600 if quick else 6000, [0.5] if quick else [0.2, 0.5, 0.8]),
         ),
     ]
     for name, step in steps:

@@ -62,12 +62,13 @@ def test_the_script_builds_checks_and_reports(dry_run: dict) -> None:
     assert "reference SemIf sample, NVIDIA L40S" in (dry_run["out"] / "report.md").read_text()
 
 
-def test_every_invariance_holds_on_every_random_model(dry_run: dict) -> None:
+def test_every_invariance_holds_on_the_dense_model(dry_run: dict) -> None:
+    """On the CPU the dry run adds the dense (gemma3) model; the suite runs hybrid and mamba already."""
     report = dry_run["report"]
     assert report["check"]["exit_code"] == 0
     models = {t["model"] for t in report["tests"]}
-    assert models == {"hybrid", "mamba", "dense"}
-    assert len(report["tests"]) >= 30
+    assert models == {"dense"}
+    assert len(report["tests"]) >= 20
     for row in report["invariances"]:
         assert all(row[m] == "holds" for m in models), row
 
