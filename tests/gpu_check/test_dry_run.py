@@ -23,10 +23,16 @@ pytestmark = pytest.mark.gpu_check
 
 def python312() -> str:
     """A CPython 3.12 (the GPU machine's): GPU_CHECK_PYTHON, python3.12 on PATH, or a pyenv install."""
-    candidates = [os.environ.get("GPU_CHECK_PYTHON"), shutil.which("python3.12")]
+    candidates = [os.environ.get("GPU_CHECK_PYTHON")]
     candidates += sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.12*/bin/python3.12")))
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file():
+    candidates.append(shutil.which("python3.12"))  # last: a pyenv shim on PATH may not run
+    for candidate in filter(None, candidates):
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print(sys.version_info[:2] == (3, 12))"],
+            capture_output=True,
+            text=True,
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == "True":
             return candidate
     pytest.fail("the dry run needs a CPython 3.12 (the GPU machine's): install one or set GPU_CHECK_PYTHON")
 
