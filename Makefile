@@ -12,7 +12,7 @@ PIP := $(PY) -m pip
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen
 
-.PHONY: serve test test-image lint install install-test models bench clean image-context sdists
+.PHONY: serve test test-image lint install install-test models bench clean image-context sdists gpu-bundle
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,11 @@ image-context: $(PY)
 	$(PY) scripts/prepare_image_context.py --python $(IMAGE_PYTHON) --arch $(IMAGE_ARCH) \
 	  $(if $(LLAMA_SOURCE),--llama-source $(LLAMA_SOURCE)) $(if $(LLAMA_VERSION),--llama-version $(LLAMA_VERSION)) \
 	  $(if $(LLAMA_COMMIT),--llama-commit $(LLAMA_COMMIT))
+
+# What the GPU machine lacks for scripts/gpu_check.sh (llama.cpp source, 3.12 wheels, tokenizer): an ignored
+# folder of at most 60 MiB to carry there (docs/gpu-check.md).
+gpu-bundle: models
+	$(PY) scripts/gpu_bundle.py
 
 # llama-cpp-python sdists (binding + headers only) for the layout tests, cached outside git.
 sdists: $(PY)

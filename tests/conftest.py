@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 from random_models import ensure_random_model
-from support import LiveServer, engine_settings, make_model_dir, start_server, wait_for_ping
+from support import (
+    LiveServer,
+    engine_settings,
+    engines_under_test,
+    make_model_dir,
+    start_server,
+    wait_for_ping,
+)
 
 from semif_adapter.demo_models import ensure_model
 from semif_adapter.engine import DecisionEngine
@@ -40,15 +47,30 @@ def _random_gguf(request: pytest.FixtureRequest, arch: str, tokenizer_gguf: Path
 
 
 @pytest.fixture(scope="session")
-def hybrid_gguf(request: pytest.FixtureRequest, qwen_gguf: Path) -> Path:
-    """A tiny random ``qwen35`` (hybrid recurrent + attention) model, built once and cached."""
-    return _random_gguf(request, "qwen35", qwen_gguf)
+def tokenizer_gguf(request: pytest.FixtureRequest) -> Path:
+    """Where the random models take their tokenizer: ``SEMIF_TEST_TOKENIZER_GGUF`` (the GPU bundle's
+    weightless copy, where no model package can travel), else the Qwen2.5 test model."""
+    override = os.environ.get("SEMIF_TEST_TOKENIZER_GGUF")
+    return Path(override) if override else request.getfixturevalue("qwen_gguf")
 
 
 @pytest.fixture(scope="session")
-def mamba_gguf(request: pytest.FixtureRequest, qwen_gguf: Path) -> Path:
+def hybrid_gguf(request: pytest.FixtureRequest, tokenizer_gguf: Path) -> Path:
+    """A tiny random ``qwen35`` (hybrid recurrent + attention) model, built once and cached."""
+    return _random_gguf(request, "qwen35", tokenizer_gguf)
+
+
+@pytest.fixture(scope="session")
+def mamba_gguf(request: pytest.FixtureRequest, tokenizer_gguf: Path) -> Path:
     """A tiny random ``mamba`` (purely recurrent: no KV cells at all) model, built once and cached."""
-    return _random_gguf(request, "mamba", qwen_gguf)
+    return _random_gguf(request, "mamba", tokenizer_gguf)
+
+
+@pytest.fixture(scope="session")
+def dense_gguf(request: pytest.FixtureRequest, tokenizer_gguf: Path) -> Path:
+    """A tiny random ``gemma3`` (dense, sliding-window layers) model: the demo gemma's architecture where
+    the real one cannot travel (the GPU check)."""
+    return _random_gguf(request, "gemma3", tokenizer_gguf)
 
 
 def _loaded(gguf: Path) -> Iterator[DecisionEngine]:
@@ -77,11 +99,16 @@ def mamba_engine(mamba_gguf: Path) -> Iterator[DecisionEngine]:
     yield from _loaded(mamba_gguf)
 
 
-@pytest.fixture(scope="session", params=["gemma", "qwen", "hybrid", "mamba"])
+@pytest.fixture(scope="session")
+def dense_engine(dense_gguf: Path) -> Iterator[DecisionEngine]:
+    yield from _loaded(dense_gguf)
+
+
+@pytest.fixture(scope="session", params=engines_under_test())
 def engine(request: pytest.FixtureRequest) -> DecisionEngine:
     """Each engine test runs on both real models (base/plain prompt and ChatML template) and on the
     tiny random fixtures: hybrid (the production architecture's memory: no partial sequence removal)
-    and pure recurrent (no KV cells at all)."""
+    and pure recurrent (no KV cells at all); ``SEMIF_TEST_ENGINES`` changes the list."""
     return request.getfixturevalue(f"{request.param}_engine")
 
 

@@ -31,6 +31,14 @@ from semif_adapter.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENGINE_N_CTX = 4096
+ENGINES = ("gemma", "qwen", "hybrid", "mamba")
+
+
+def engines_under_test(default: Sequence[str] = ENGINES) -> list[str]:
+    """The models the model-parametrised engine tests run on: ``default``, or the comma-separated
+    ``SEMIF_TEST_ENGINES`` (the GPU check runs them on the random ones: hybrid, mamba, dense)."""
+    chosen = os.environ.get("SEMIF_TEST_ENGINES", "").strip()
+    return [name.strip() for name in chosen.split(",") if name.strip()] if chosen else list(default)
 
 
 def fake_model_info(**overrides: object) -> ModelInfo:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import engine_settings
+from support import engine_settings, engines_under_test
 
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.engine.deadline import Deadline, DeadlineExceeded
@@ -103,7 +103,7 @@ def interleaved() -> list[tuple[str, int]]:
     return schedule
 
 
-@pytest.fixture(scope="module", params=["gemma", "qwen", "hybrid", "mamba"])
+@pytest.fixture(scope="module", params=engines_under_test())
 def model_gguf(request: pytest.FixtureRequest) -> Path:
     return request.getfixturevalue(f"{request.param}_gguf")
 

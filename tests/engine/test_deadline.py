@@ -1,4 +1,4 @@
-"""Aborting the real engine (gemma) mid-prefill, mid-suffix, between decisions and mid-graph.
+"""Aborting an engine (gemma; ``SEMIF_TEST_ENGINES``) mid-prefill, mid-suffix, between decisions, in a graph.
 
 After every abort the next answers must be bit-identical to answers from an engine that never saw
 the aborted request. Aborts are triggered by token counts, not by timers, so nothing here depends on
@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from support import engines_under_test
 
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.engine.deadline import DEADLINE, ClientDisconnected, Deadline, DeadlineExceeded
@@ -67,15 +68,21 @@ def _clean(engine: DecisionEngine, decisions: Sequence[Decision]) -> BatchResult
     return engine.score(decisions)
 
 
+@pytest.fixture(scope="module", params=engines_under_test(["gemma"]))
+def abort_engine(request: pytest.FixtureRequest) -> DecisionEngine:
+    """gemma by default; ``SEMIF_TEST_ENGINES`` runs the aborts on other models (the GPU check)."""
+    return request.getfixturevalue(f"{request.param}_engine")
+
+
 @pytest.fixture(scope="module")
-def cases(gemma_engine: DecisionEngine) -> dict[str, tuple[list[Decision], BatchResult]]:
+def cases(abort_engine: DecisionEngine) -> dict[str, tuple[list[Decision], BatchResult]]:
     """Each request with its answer from clean memory (the reference for every comparison)."""
     requests = {
         "long_state": _decisions(LONG_STATE, 2, 3),
         "long_suffix": _decisions("A short state about office moves.", 1, 70),
         "other": _decisions("The printer on floor 3 is out of toner.", 2, 4),
     }
-    return {name: (decisions, _clean(gemma_engine, decisions)) for name, decisions in requests.items()}
+    return {name: (decisions, _clean(abort_engine, decisions)) for name, decisions in requests.items()}
 
 
 def _assert_unchanged(
@@ -88,100 +95,100 @@ def _assert_unchanged(
 
 
 def test_abort_mid_prefill_drops_the_half_written_prefix(
-    gemma_engine: DecisionEngine, cases: dict[str, tuple[list[Decision], BatchResult]]
+    abort_engine: DecisionEngine, cases: dict[str, tuple[list[Decision], BatchResult]]
 ) -> None:
     decisions, _ = cases["long_state"]
-    prefix, suffixes = gemma_engine.prompt_tokens(decisions)
-    assert len(prefix) > 2 * gemma_engine.runtime.n_batch  # the prefix takes several decode calls
-    gemma_engine.reset_prefix_cache()
-    token = StopAfter(gemma_engine.runtime.n_batch)
+    prefix, suffixes = abort_engine.prompt_tokens(decisions)
+    assert len(prefix) > 2 * abort_engine.runtime.n_batch  # the prefix takes several decode calls
+    abort_engine.reset_prefix_cache()
+    token = StopAfter(abort_engine.runtime.n_batch)
     with pytest.raises(DeadlineExceeded) as aborted:
-        gemma_engine.score(decisions, cancel=token)
-    assert token.tokens_done == gemma_engine.runtime.n_batch < len(prefix)
+        abort_engine.score(decisions, cancel=token)
+    assert token.tokens_done == abort_engine.runtime.n_batch < len(prefix)
     assert aborted.value.extra == {
         "tokens_done": token.tokens_done,
         "tokens_needed": len(prefix) + sum(map(len, suffixes)),
         "limit_s": None,
     }
-    assert gemma_engine._cached_prefix is None  # complete or dropped, never half-written
-    _assert_unchanged(gemma_engine, cases, "long_state")
+    assert abort_engine._cached_prefix is None  # complete or dropped, never half-written
+    _assert_unchanged(abort_engine, cases, "long_state")
 
 
 def test_abort_mid_suffix(
-    gemma_engine: DecisionEngine, cases: dict[str, tuple[list[Decision], BatchResult]]
+    abort_engine: DecisionEngine, cases: dict[str, tuple[list[Decision], BatchResult]]
 ) -> None:
     decisions, _ = cases["long_suffix"]
-    prefix, suffixes = gemma_engine.prompt_tokens(decisions)
-    assert len(suffixes[0]) > gemma_engine.runtime.n_batch  # the suffix takes several decode calls
-    gemma_engine.reset_prefix_cache()
+    prefix, suffixes = abort_engine.prompt_tokens(decisions)
+    assert len(suffixes[0]) > abort_engine.runtime.n_batch  # the suffix takes several decode calls
+    abort_engine.reset_prefix_cache()
     token = StopAfter(len(prefix) + 1, reason="disconnected")
     with pytest.raises(ClientDisconnected):
-        gemma_engine.score(decisions, cancel=token)
+        abort_engine.score(decisions, cancel=token)
     assert len(prefix) < token.tokens_done < len(prefix) + len(suffixes[0])
-    _assert_unchanged(gemma_engine, cases, "long_suffix")
+    _assert_unchanged(abort_engine, cases, "long_suffix")
 
 
 def test_abort_between_decisions_keeps_the_prefix_reused_answers_identical(
-    gemma_engine: DecisionEngine, cases: dict[str, tuple[list[Decision], BatchResult]]
+    abort_engine: DecisionEngine, cases: dict[str, tuple[list[Decision], BatchResult]]
 ) -> None:
     decisions, reference = cases["other"]
-    prefix, suffixes = gemma_engine.prompt_tokens(decisions)
-    gemma_engine.reset_prefix_cache()
+    prefix, suffixes = abort_engine.prompt_tokens(decisions)
+    abort_engine.reset_prefix_cache()
     token = StopAfter(len(prefix) + len(suffixes[0]))
     with pytest.raises(DeadlineExceeded):
-        gemma_engine.score(decisions, cancel=token)
+        abort_engine.score(decisions, cancel=token)
     assert token.tokens_done == len(prefix) + len(suffixes[0])  # decision 0 done, decision 1 never started
     # the same request again, then again with its prefix reused: both as from clean memory
-    assert _numbers(gemma_engine.score(decisions)) == _numbers(reference)
-    assert gemma_engine.score(decisions).timing.prefix_reused
-    _assert_unchanged(gemma_engine, cases)
+    assert _numbers(abort_engine.score(decisions)) == _numbers(reference)
+    assert abort_engine.score(decisions).timing.prefix_reused
+    _assert_unchanged(abort_engine, cases)
 
 
 def test_llama_abort_callback_stops_a_decode_between_graph_nodes(
-    gemma_engine: DecisionEngine, cases: dict[str, tuple[list[Decision], BatchResult]]
+    abort_engine: DecisionEngine, cases: dict[str, tuple[list[Decision], BatchResult]]
 ) -> None:
     decisions, _ = cases["long_state"]
-    prefix, _ = gemma_engine.prompt_tokens(decisions)
-    gemma_engine.reset_prefix_cache()
+    prefix, _ = abort_engine.prompt_tokens(decisions)
+    abort_engine.reset_prefix_cache()
     token = GraphOnly(None)
     token.cancel(DEADLINE)
     with pytest.raises(DeadlineExceeded):
-        gemma_engine.runtime.decode(prefix, 0, PREFIX_SEQ, want_logits=False, cancel=token)
+        abort_engine.runtime.decode(prefix, 0, PREFIX_SEQ, want_logits=False, cancel=token)
     assert token.tokens_done == 0  # llama_decode itself returned "aborted" on the first chunk
-    gemma_engine.reset_prefix_cache()
-    _assert_unchanged(gemma_engine, cases, "long_state")
+    abort_engine.reset_prefix_cache()
+    _assert_unchanged(abort_engine, cases, "long_state")
 
 
 def test_a_cancelled_token_stops_before_any_decode(
-    gemma_engine: DecisionEngine, cases: dict[str, tuple[list[Decision], BatchResult]]
+    abort_engine: DecisionEngine, cases: dict[str, tuple[list[Decision], BatchResult]]
 ) -> None:
     decisions, reference = cases["other"]
-    gemma_engine.score(decisions)  # prefix kept
+    abort_engine.score(decisions)  # prefix kept
     token = Deadline(None)
     token.cancel()
     with pytest.raises(ClientDisconnected):
-        gemma_engine.score(decisions, cancel=token)
+        abort_engine.score(decisions, cancel=token)
     assert token.tokens_done == 0
-    assert _numbers(gemma_engine.score(decisions)) == _numbers(reference)
+    assert _numbers(abort_engine.score(decisions)) == _numbers(reference)
 
 
 def test_refusal_uses_the_measured_throughput_and_decodes_nothing(
-    gemma_engine: DecisionEngine, cases: dict[str, tuple[list[Decision], BatchResult]]
+    abort_engine: DecisionEngine, cases: dict[str, tuple[list[Decision], BatchResult]]
 ) -> None:
     decisions, _ = cases["long_state"]
-    prefix, suffixes = gemma_engine.prompt_tokens(decisions)
+    prefix, suffixes = abort_engine.prompt_tokens(decisions)
     needed = len(prefix) + sum(map(len, suffixes))
     rate = Throughput(warmup_tokens=1000)
     assert rate.seconds_for(needed) is None  # no figure during warm-up: nothing is refused
     rate.observe(100, 1.0)  # too small to count
     rate.observe(1000, 10.0)  # 100 tokens/s
     assert rate.tokens_per_s == pytest.approx(100.0)
-    gemma_engine.reset_prefix_cache()
+    abort_engine.reset_prefix_cache()
     token = Deadline(needed / 100.0 / 2, estimate=rate.seconds_for)  # half the time it needs
     with pytest.raises(DeadlineExceeded) as refused:
-        gemma_engine.score(decisions, cancel=token)
+        abort_engine.score(decisions, cancel=token)
     assert token.refused and token.tokens_done == 0
     assert f"needs {needed} tokens" in str(refused.value) and "100 tokens/s" in str(refused.value)
     roomy = Deadline(needed / 100.0 * 2, estimate=rate.seconds_for)
-    assert _numbers(gemma_engine.score(decisions, cancel=roomy)) == _numbers(cases["long_state"][1])
+    assert _numbers(abort_engine.score(decisions, cancel=roomy)) == _numbers(cases["long_state"][1])
     assert roomy.tokens_done == needed and not roomy.refused
