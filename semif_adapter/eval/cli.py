@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # heavy imports (matplotlib, httpx, boto3) wait until a comma
     from semif_adapter.eval.results import RunResult
     from semif_adapter.eval.targets import Target
 
-DEFAULT_REPORT_DIR = Path("reports")
+DEFAULT_REPORT_DIR = Path("benchmarks/reports")
 
 
 def _add_target_args(parser: argparse.ArgumentParser) -> None:
