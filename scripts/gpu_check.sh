@@ -114,10 +114,9 @@ cuda_cmake_args() {
 }
 
 build() {
-    local sha src args started
+    local sha src args started commit
     sha=$(sha256sum "$BUNDLE/llama.cpp.tar.xz" | cut -c1-12)
     src=$WORK/src-$sha/llama.cpp
-    BUILD=$WORK/build-$MODE-$sha
     if [[ ! -f "$src/CMakeLists.txt" ]]; then
         say "unpacking llama.cpp ($sha)"
         mkdir -p "$WORK/src-$sha"
@@ -127,7 +126,14 @@ build() {
     args="-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_CCACHE=OFF"
     args+=" -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF"
     args+=" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_COMMON=ON -DLLAMA_OPENSSL=OFF"
+    # The engine accepts only the llama.cpp commit the binding was written for, and the build must report it:
+    # without git lookups it reports LLAMA_BUILD_COMMIT, not the hash of whatever repository holds the source.
+    commit=$("$PY" -c "from importlib.metadata import version
+from semif_adapter.engine.binding import BINDING_LLAMA_COMMITS as c
+print(c[version('llama_cpp_python')])") || fail "no llama.cpp commit is known for this llama-cpp-python"
+    args+=" -DGIT_EXE=OFF -DLLAMA_BUILD_COMMIT=$commit -DLLAMA_BUILD_NUMBER=0"
     [[ "$MODE" == cuda ]] && args+=" $(cuda_cmake_args)"
+    BUILD=$WORK/build-$MODE-$sha-$(echo "$args" | sha256sum | cut -c1-8)
     started=$SECONDS
     if [[ ! -f "$BUILD/build.ninja" ]]; then
         say "configuring: cmake $args"
