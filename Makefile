@@ -54,15 +54,15 @@ models: install-test
 	$(PY) -m semif_adapter.demo_models gemma qwen
 
 lint: install-test
-	$(PY) -m ruff check semif_adapter scripts tests benchmarks
-	$(PY) scripts/check_dockerfiles.py --hadolint
+	$(PY) -m ruff check semif_adapter semif_ops scripts tests benchmarks
+	$(PY) -m semif_ops image check --hadolint
 
 test: models lint
 	$(PY) -m pytest -q
 
 test-image: models
 	.ci/setup-podman.sh
-	$(PY) scripts/test_image.py
+	$(PY) -m tests.image.harness
 
 bench: models
 	$(PY) benchmarks/engine_overhead.py
@@ -74,7 +74,7 @@ LLAMA_SOURCE ?=
 LLAMA_VERSION ?=
 LLAMA_COMMIT ?=
 image-context: $(PY)
-	$(PY) scripts/prepare_image_context.py --python $(IMAGE_PYTHON) --arch $(IMAGE_ARCH) \
+	$(PY) -m semif_ops image context --python $(IMAGE_PYTHON) --arch $(IMAGE_ARCH) \
 	  $(if $(LLAMA_SOURCE),--llama-source $(LLAMA_SOURCE)) $(if $(LLAMA_VERSION),--llama-version $(LLAMA_VERSION)) \
 	  $(if $(LLAMA_COMMIT),--llama-commit $(LLAMA_COMMIT))
 
@@ -85,7 +85,7 @@ gpu-bundle: models
 
 # llama-cpp-python sdists (binding + headers only) for the layout tests, cached outside git.
 sdists: $(PY)
-	$(PY) tests/deploy/sdists.py 0.3.30 0.3.35 0.3.36
+	$(PY) -m tests.helpers.sdists 0.3.30 0.3.35 0.3.36
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

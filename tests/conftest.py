@@ -11,8 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from random_models import ensure_random_model
-from support import (
+
+from semif_adapter.demo_models import ensure_model
+from semif_adapter.engine import DecisionEngine
+from tests.helpers.random_models import ensure_random_model
+from tests.helpers.support import (
     LiveServer,
     engine_settings,
     engines_under_test,
@@ -21,10 +24,7 @@ from support import (
     wait_for_ping,
 )
 
-from semif_adapter.demo_models import ensure_model
-from semif_adapter.engine import DecisionEngine
-
-# tests/image runs against a built image and its running container; scripts/test_image.py (make test-image)
+# tests/image runs against a built image and its running container; tests/image/harness.py (make test-image)
 # builds both and sets SEMIF_TEST_IMAGE. `make test` has no container, so it does not collect them.
 collect_ignore = [] if os.environ.get("SEMIF_TEST_IMAGE") else ["image"]
 

@@ -14,9 +14,10 @@ from typing import Any
 import boto3
 import pytest
 import requests
-from deploy_helpers import IMAGE
 
-from scripts import deploy_endpoint, invoke_endpoint
+from semif_ops.endpoint import deploy as deploy_endpoint
+from semif_ops.endpoint import invoke as invoke_endpoint
+from tests.helpers.deploy import IMAGE
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 TOPIC = "arn:aws:sns:us-east-1:123456789012:semif-answers"

@@ -1,4 +1,4 @@
-"""scripts/autoscale_endpoint.py and the autoscaling part of cleanup_endpoint.py, against moto.
+"""semif-ops endpoint scale and the autoscaling part of cleanup_endpoint.py, against moto.
 
 moto implements Application Auto Scaling (register/deregister targets, put/describe/delete policies),
 CloudWatch alarms and the SageMaker endpoint calls used here, so no Stubber is needed.
@@ -11,9 +11,11 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from deploy_helpers import IMAGE
 
-from scripts import autoscale_endpoint, cleanup_endpoint, deploy_endpoint
+from semif_ops.endpoint import cleanup as cleanup_endpoint
+from semif_ops.endpoint import deploy as deploy_endpoint
+from semif_ops.endpoint import scale as autoscale_endpoint
+from tests.helpers.deploy import IMAGE
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 RID = "endpoint/semif-scale/variant/AllTraffic"

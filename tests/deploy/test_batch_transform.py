@@ -1,4 +1,4 @@
-"""scripts/batch_transform.py: the exact CreateTransformJob request (moto), waiting, failures, --stop.
+"""semif-ops endpoint batch: the exact CreateTransformJob request (moto), waiting, failures, --stop.
 
 moto implements CreateTransformJob/DescribeTransformJob (every job is Completed at once) and S3. A failed
 job and StopTransformJob are beyond it (moto has no failing jobs and no StopTransformJob), so those two
@@ -12,9 +12,9 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import ANY, Stubber
-from deploy_helpers import IMAGE
 
-from scripts import batch_transform
+from semif_ops.endpoint import batch as batch_transform
+from tests.helpers.deploy import IMAGE
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 DATA = "s3://models/x/model.tar.gz"

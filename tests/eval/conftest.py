@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from evalserver import DEVSET, LocalServer, ServerState, oracle_logits, serve
 
 from semif_adapter.eval.tasks import Task, load_tasks
+from tests.helpers.evalserver import DEVSET, LocalServer, ServerState, oracle_logits, serve
 
 
 @pytest.fixture(scope="session")

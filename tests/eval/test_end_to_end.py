@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from evalserver import DEVSET
 from matplotlib.image import imread
-from support import LiveServer
 
 from semif_adapter.eval.cli import benchmark_main
 from semif_adapter.eval.results import RunResult
 from semif_adapter.eval.tasks import load_tasks
+from tests.helpers.evalserver import DEVSET
+from tests.helpers.support import LiveServer
 
 PROTOCOLS = ("semif", "systemone")
 N_TASKS = 60
