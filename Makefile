@@ -1,6 +1,7 @@
 # Two set-up commands on a fresh machine:
 #   make serve   venv + runtime install + embedded demo model, then the server on :8080
 #   make test    venv + test install + both test models, then lint and the whole suite
+#   make test-fast  the unit layer alone (no model loaded, no server started): the inner loop
 #   make test-image  (root) podman + DLC stand-in bases, Dockerfile.cpu built and its container tested
 #
 # llama-cpp-python compiles from source the first time (several minutes); pip caches the wheel.
@@ -12,7 +13,7 @@ PIP := $(PY) -m pip
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen
 
-.PHONY: serve test test-image lint install install-test models bench clean image-context sdists gpu-bundle
+.PHONY: serve test test-fast test-image lint install install-test models bench clean image-context sdists gpu-bundle
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +60,10 @@ lint: install-test
 
 test: models lint
 	$(PY) -m pytest -q
+
+# The unit layer alone: no model loaded, no server started, nothing slow (markers: pyproject.toml).
+test-fast: install-test
+	$(PY) -m pytest -q -m 'not model and not live and not slow and not image and not gpu_check'
 
 test-image: models
 	.ci/setup-podman.sh
