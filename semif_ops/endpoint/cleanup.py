@@ -1,8 +1,10 @@
 """Delete an endpoint's autoscaling, the endpoint, its endpoint config and its model(s); list what is left.
 
-Autoscaling goes first (scaling policies with their alarms, then the scalable target), so nothing tries to
-scale an endpoint that is being deleted and no stale target or alarm outlives it. Already-deleted pieces
-are skipped, so the script can be re-run after a partial failure. The endpoint is deleted and waited for
+Autoscaling goes first (the step policies' alarms, the scaling policies, then the scalable target), so
+nothing tries to scale an endpoint that is being deleted and no stale target or alarm outlives it. AWS wants
+it gone before DeleteEndpoint, so without the rights to remove it the command stops, naming the missing
+permission, and deletes nothing more. Already-deleted pieces are skipped, so the command can be re-run
+after a partial failure. The endpoint is deleted and waited for
 before its config and models, because a config or model still in use cannot be removed.
 
     semif-ops endpoint cleanup --endpoint semif-qwen
@@ -21,6 +23,23 @@ from semif_ops import aws
 from semif_ops.endpoint import scale
 
 ACCESS_DENIED = {"AccessDenied", "AccessDeniedException"}
+# The IAM action prefix of each autoscaling call cleanup makes; the rest are application-autoscaling's.
+CLOUDWATCH_CALLS = {"DescribeAlarms", "DeleteAlarms"}
+SCALING_PERMISSIONS = (
+    "application-autoscaling:DescribeScalingPolicies, DeleteScalingPolicy, DescribeScalableTargets, "
+    "DeregisterScalableTarget and cloudwatch:DescribeAlarms, DeleteAlarms"
+)
+
+
+def missing_permission(exc: ClientError, endpoint: str) -> aws.UsageError:
+    """The refusal of an autoscaling call as one line naming the IAM action to grant."""
+    operation = exc.operation_name
+    action = f"{'cloudwatch' if operation in CLOUDWATCH_CALLS else 'application-autoscaling'}:{operation}"
+    return aws.UsageError(
+        f"not allowed to call {action} ({aws.error_code(exc)}), so {endpoint} was not deleted: AWS "
+        f"requires an endpoint's autoscaling removed before DeleteEndpoint; grant {action} (cleanup uses "
+        f"{SCALING_PERMISSIONS}) and re-run"
+    )
 
 
 def _missing_ok(call: Callable[[], Any]) -> Any | None:
@@ -81,10 +100,9 @@ def cleanup(
                     autoscaling, cloudwatch, endpoint=endpoint, variant=variant
                 )
             except ClientError as exc:
-                # Without autoscaling rights the endpoint must still go: it is what bills.
-                if aws.error_code(exc) not in ACCESS_DENIED:
-                    raise
-                done.append(f"autoscaling of {endpoint}/{variant} not checked: {aws.describe(exc)}")
+                if aws.error_code(exc) in ACCESS_DENIED:
+                    raise missing_permission(exc, endpoint) from exc
+                raise
     if described:
         sm.delete_endpoint(EndpointName=endpoint)
 
@@ -152,7 +170,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         left = remaining(sm, args.endpoint)
     except ClientError as exc:
         return aws.fail(f"AWS: {exc}")
-    except TimeoutError as exc:
+    except (aws.UsageError, TimeoutError) as exc:
         return aws.fail(str(exc))
     print("remaining: " + ("; ".join(left) if left else f"nothing named *{args.endpoint}*"))
     return 0

@@ -171,35 +171,46 @@ def apply_scaling(
 
 
 def _delete_policies(aas: Any, cw: Any, endpoint: str, variant: str, *, only: str | None = None) -> list[str]:
-    """Delete the target's policies (or just ``only``) and the alarms that drive its step policies."""
+    """Delete the alarms that drive the target's step policies, then its policies (or just ``only``).
+
+    Deleting a step policy leaves its CloudWatch alarm behind (target-tracking alarms go with their policy),
+    and deleting an endpoint deregisters its scalable target and policies without a word: so the
+    scale-from-zero alarm is also looked up by its name, which finds it when its policy is already gone,
+    and alarms go first, so a run stopped half-way never leaves an alarm without the policy that names it.
+    """
     rid = resource_id(endpoint, variant)
+    policies = [
+        p
+        for p in aas.describe_scaling_policies(
+            ServiceNamespace=NAMESPACE, ResourceId=rid, ScalableDimension=DIMENSION
+        )["ScalingPolicies"]
+        if not only or p["PolicyName"] == only
+    ]
+    alarms = [
+        a["AlarmName"] for p in policies if p.get("PolicyType") == "StepScaling" for a in p.get("Alarms", [])
+    ]
+    if only in (None, FROM_ZERO_POLICY):
+        alarms.append(alarm_name(endpoint, variant))
+    # never an empty AlarmNames: DescribeAlarms would list every alarm in the account
+    found = cw.describe_alarms(AlarmNames=list(dict.fromkeys(alarms)))["MetricAlarms"] if alarms else []
+    present = [a["AlarmName"] for a in found]
     done: list[str] = []
-    policies = aas.describe_scaling_policies(
-        ServiceNamespace=NAMESPACE, ResourceId=rid, ScalableDimension=DIMENSION
-    )["ScalingPolicies"]
+    if present:
+        cw.delete_alarms(AlarmNames=present)
+        done += [f"deleted alarm {a}" for a in present]
     for policy in policies:
-        name = policy["PolicyName"]
-        if only and name != only:
-            continue
-        alarms = []  # target-tracking alarms belong to the policy and go with it; step-policy alarms do not
-        if policy.get("PolicyType") == "StepScaling":
-            alarms = [a["AlarmName"] for a in policy.get("Alarms", [])]
-            if name == FROM_ZERO_POLICY:
-                alarms.append(alarm_name(endpoint, variant))
         aas.delete_scaling_policy(
-            PolicyName=name, ServiceNamespace=NAMESPACE, ResourceId=rid, ScalableDimension=DIMENSION
+            PolicyName=policy["PolicyName"],
+            ServiceNamespace=NAMESPACE,
+            ResourceId=rid,
+            ScalableDimension=DIMENSION,
         )
-        done.append(f"deleted scaling policy {name}")
-        present = cw.describe_alarms(AlarmNames=list(dict.fromkeys(alarms)))["MetricAlarms"] if alarms else []
-        if present:
-            names = [a["AlarmName"] for a in present]
-            cw.delete_alarms(AlarmNames=names)
-            done += [f"deleted alarm {a}" for a in names]
+        done.append(f"deleted scaling policy {policy['PolicyName']}")
     return done
 
 
 def remove_scaling(aas: Any, cw: Any, *, endpoint: str, variant: str) -> list[str]:
-    """Policies first (with their alarms), then the scalable target; nothing registered is not an error."""
+    """Alarms, policies, then the scalable target; nothing registered (or left) is not an error."""
     rid = resource_id(endpoint, variant)
     done = _delete_policies(aas, cw, endpoint, variant)
     targets = aas.describe_scalable_targets(
