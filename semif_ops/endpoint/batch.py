@@ -139,14 +139,63 @@ def container_environment(args: argparse.Namespace) -> dict[str, str]:
     return environment
 
 
-def body_limit(environment: dict[str, str]) -> int:
+def body_limit(environment: dict[str, str], where: str = "--env") -> int:
     raw = environment.get("SEMIF_MAX_BODY_BYTES")
     if raw is None:
         return CONTAINER_BODY_LIMIT
     try:
         return int(raw)
     except ValueError:
-        raise aws.UsageError(f"--env SEMIF_MAX_BODY_BYTES={raw!r} is not a whole number of bytes") from None
+        raise aws.UsageError(f"{where} SEMIF_MAX_BODY_BYTES={raw!r} is not a whole number of bytes") from None
+
+
+def model_environment(sm: Any, name: str) -> dict[str, str]:
+    """The container environment an existing model was created with (a deploy's --max-body-bytes or
+    --async deadline live there, not in the job's environment)."""
+    try:
+        described = sm.describe_model(ModelName=name)
+    except ClientError as exc:
+        if aws.error_code(exc) == "ValidationException" and "not find" in aws.describe(exc).lower():
+            raise aws.UsageError(f"--model {name}: no such SageMaker model in this region") from exc
+        raise
+    containers = [described.get("PrimaryContainer") or {}, *described.get("Containers", [])]
+    environment: dict[str, str] = {}
+    for container in containers:
+        environment.update(container.get("Environment") or {})
+    return environment
+
+
+def check_model_environment(args: argparse.Namespace, model_env: dict[str, str]) -> None:
+    """The model's own SEMIF_* settings must suit the job too. Which of the model's and the job's
+    environment wins a clash is not documented, so both must fit: the payload under the smaller body limit,
+    and a model's deadline that ends before SageMaker's invocation timeout."""
+    where = f"model {args.model} carries"
+    limit = body_limit(model_env, where)
+    if "SEMIF_MAX_BODY_BYTES" in model_env and args.max_payload_mb * MIB > limit:
+        fix = (
+            f"pass --max-payload-mb {limit // MIB} or less"
+            if limit >= MIB
+            else "use a model made without --max-body-bytes (or --image/--model-data/--role-arn)"
+        )
+        raise aws.UsageError(
+            f"{where} SEMIF_MAX_BODY_BYTES={limit} (deployed with --max-body-bytes), below "
+            f"--max-payload-mb {args.max_payload_mb} ({args.max_payload_mb * MIB} bytes): {fix}"
+        )
+    raw = model_env.get("SEMIF_REQUEST_TIMEOUT_S")
+    if raw is None:
+        return
+    try:
+        deadline = float(raw)
+    except ValueError:
+        raise aws.UsageError(f"{where} SEMIF_REQUEST_TIMEOUT_S={raw!r}, not a number of seconds") from None
+    if deadline == 0 or deadline > args.invocation_timeout:
+        told = "no deadline" if deadline == 0 else f"a {deadline:g} s deadline"
+        needed = MAX_TIMEOUT_S if deadline == 0 else min(MAX_TIMEOUT_S, int(deadline) + 5)
+        raise aws.UsageError(
+            f"{where} SEMIF_REQUEST_TIMEOUT_S={raw} ({told}, e.g. from an --async deploy), beyond "
+            f"--invocation-timeout {args.invocation_timeout}: SageMaker would end requests first; pass "
+            f"--invocation-timeout {needed} or use a model made without --async"
+        )
 
 
 def validate(args: argparse.Namespace) -> tuple[aws.ImageRef | None, dict[str, str]]:
@@ -216,6 +265,8 @@ def start(sm: Any, args: argparse.Namespace, image: aws.ImageRef | None, environ
     """Create the model if asked, then the transform job; returns the model name used."""
     tags = [{"Key": "project", "Value": "semif-adapter"}, {"Key": "transform-job", "Value": args.job_name}]
     model_name = args.model or args.job_name
+    if args.model:
+        check_model_environment(args, model_environment(sm, args.model))
     if image is not None:
         deploy.create_model(
             sm,
@@ -347,13 +398,15 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         sm = aws.client("sagemaker", region=args.region, profile=args.profile)
         if args.stop:
             return stop(sm, args.stop)
-        start(sm, args, image, environment)
+        start(sm, args, image, environment)  # may refuse (UsageError) once it has read the model
         print(f"started transform job {args.job_name}: {args.input_s3} -> {args.output_s3}")
         if args.no_wait:
             print(f"follow it in the console, or end it early: {stop_hint}")
             return 0
         described = wait_done(sm, args.job_name, timeout_s=args.timeout, interval_s=args.poll)
         return report(args, described)
+    except aws.UsageError as exc:
+        return aws.fail(str(exc))
     except ClientError as exc:
         return aws.fail(f"AWS: {exc}")
     except TimeoutError as exc:
