@@ -91,14 +91,17 @@ def _usage_exit(message: str) -> SystemExit:
     return SystemExit(2)
 
 
+# Refusals whose message already says what to pass (semif_ops.errors, the layout probe, the engine's
+# binding and model checks), matched by name so that explaining one imports nothing heavy or missing.
+REFUSALS = frozenset({"UsageError", "AbiError", "BindingError", "ModelLoadError"})
+
+
 def explain(exc: BaseException) -> str | None:
     """One line for an error an operator can cause and fix; None for a defect (let it raise)."""
-    from semif_adapter.engine.binding import BindingError
-    from semif_adapter.errors import ModelLoadError
-    from semif_ops.errors import UsageError
-    from semif_ops.image.abi import AbiError
-
-    if isinstance(exc, (UsageError, AbiError, BindingError, ModelLoadError)):
+    if any(
+        cls.__name__ in REFUSALS and cls.__module__.startswith(("semif_ops.", "semif_adapter."))
+        for cls in type(exc).__mro__
+    ):
         return str(exc)
     if type(exc).__module__.startswith("botocore"):  # boto3 is only there with the ops extra
         return _aws_error(exc)

@@ -7,7 +7,7 @@ container's own limit). The container answers one result line per input line, in
 the same state share one prefill. Results land at <output-s3>/<input file name>.out, one line per input
 line (AssembleWith=Line); --join-input puts each result next to its input under "SageMakerOutput".
 
-Use an existing SageMaker model (--model, e.g. the one deploy_endpoint.py created) or let the job create
+Use an existing SageMaker model (--model, e.g. one `endpoint deploy` created) or let the job create
 one from --image/--model-data/--role-arn. The job stops billing when it ends; --stop ends one early.
 
     semif-ops endpoint batch --model semif-qwen-20250101-120000 \

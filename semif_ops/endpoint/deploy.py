@@ -6,11 +6,11 @@ SageMaker tries in priority order when capacity is short (ProductionVariant.Inst
 
 With --async the endpoint is asynchronous (AsyncInferenceConfig): requests are read from S3, queued, run
 one at a time per instance for up to --invocation-timeout seconds (SageMaker allows 3600), and the answers are
-written to --output-s3; invoke it with invoke_endpoint.py --async. The container's own request deadline
+written to --output-s3; invoke it with semif-ops endpoint invoke --async. The container's own request deadline
 (SEMIF_REQUEST_TIMEOUT_S) is set 5 s short of the invocation timeout unless --request-timeout-s says
 otherwise (0 = no deadline of its own).
 
-Endpoints bill per instance-hour until deleted: run cleanup_endpoint.py when done.
+Endpoints bill per instance-hour until deleted: run semif-ops endpoint cleanup when done.
 
     semif-ops endpoint deploy --name semif-qwen \
         --role-arn arn:aws:iam::123456789012:role/SageMakerRole \
@@ -108,7 +108,7 @@ def create_model(
     tags: list[dict[str, str]],
     network_isolation: bool = True,
 ) -> None:
-    """CreateModel with the digest-pinned image (shared with batch_transform.py)."""
+    """CreateModel with the digest-pinned image (shared with semif-ops endpoint batch)."""
     sm.create_model(
         ModelName=name,
         ExecutionRoleArn=role_arn,
@@ -195,7 +195,7 @@ def wait_in_service(
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared with deploy_standard_endpoint.py."""
+    """Options shared with semif-ops endpoint deploy --stock."""
     parser.add_argument("--name", required=True, help="endpoint name (model/config get a time suffix)")
     parser.add_argument("--image", required=True, help="<repo>@sha256:<64 hex> (tags are refused)")
     parser.add_argument("--model-data", required=True, help="s3://bucket/key/model.tar.gz")
@@ -341,7 +341,7 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> None:
         "--invocation-timeout",
         type=int,
         help=f"seconds one async request may run, 1-{ASYNC_MAX_TIMEOUT_S} "
-        f"(default {ASYNC_DEFAULT_TIMEOUT_S}); pass the same value to invoke_endpoint.py --async",
+        f"(default {ASYNC_DEFAULT_TIMEOUT_S}); pass the same value to semif-ops endpoint invoke --async",
     )
 
 

@@ -1,6 +1,6 @@
 """Deploy the stock llama.cpp DLC (its own llama-server chat API) for comparison with semif-adapter.
 
-Same model.tar.gz, same digest rule and instance options as deploy_endpoint.py; the container is configured
+Same model.tar.gz, same digest rule and instance options as `endpoint deploy`; the container is configured
 through SM_LLAMA_CPP_* variables (SM_LLAMA_CPP_FOO_BAR=v becomes llama-server --foo-bar v). SageMaker
 cannot pull from ECR Public: use the DLC's private ECR URI in your region, pinned by digest.
 

@@ -6,7 +6,7 @@ application/jsonlines (one result line per input line comes back). A busy endpoi
 design); those calls are retried with capped exponential backoff and full jitter. Other errors are printed
 once and end the script.
 
-With --async (an endpoint deployed with deploy_endpoint.py --async) the file is uploaded under --input-s3,
+With --async (an endpoint made by `endpoint deploy --async`) the file is uploaded under --input-s3,
 InvokeEndpointAsync queues it, and the script polls the output and failure locations until one appears,
 then prints the answer (or the failure, exit non-zero).
 
@@ -265,7 +265,7 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> None:
         "--invocation-timeout",
         type=int,
         help=f"seconds the container may work on it, 1-{ASYNC_MAX_TIMEOUT_S} "
-        f"(default {ASYNC_DEFAULT_TIMEOUT_S}); as given to deploy_endpoint.py --async",
+        f"(default {ASYNC_DEFAULT_TIMEOUT_S}); as given to semif-ops endpoint deploy --async",
     )
     group.add_argument(
         "--ttl", type=int, default=TTL_RANGE_S[1], help="seconds it may wait in the queue (60-21600)"

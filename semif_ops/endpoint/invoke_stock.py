@@ -1,4 +1,4 @@
-"""Ask the stock llama.cpp DLC endpoint (deploy_standard_endpoint.py) one chat question, OpenAI style.
+"""Ask the stock llama.cpp DLC endpoint (semif-ops endpoint deploy --stock) one chat question, OpenAI style.
 
 semif-ops endpoint invoke --stock --endpoint llamacpp-qwen --prompt "Answer A or B: ..."
 """

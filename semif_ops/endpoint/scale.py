@@ -12,7 +12,7 @@ Asynchronous endpoints use --metric backlog (queued requests per instance) and m
     semif-ops endpoint scale --endpoint semif-qwen-async --metric backlog --min 0 --max 4
     semif-ops endpoint scale --endpoint semif-qwen --remove
 
-cleanup_endpoint.py removes the policies and the scalable target itself before deleting the endpoint.
+semif-ops endpoint cleanup removes the policies and the scalable target itself before deleting the endpoint.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 TRACKING_POLICY = "semif-target-tracking"
 FROM_ZERO_POLICY = "semif-scale-from-zero"
 MAX_COOLDOWN_S = 86400
-VARIANT = "AllTraffic"  # the variant deploy_endpoint.py creates
+VARIANT = "AllTraffic"  # the variant semif-ops endpoint deploy creates
 
 
 @dataclass(frozen=True)

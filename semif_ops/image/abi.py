@@ -74,7 +74,7 @@ def _cmake_version(tree: Path) -> str | None:
 
 
 def _version_file(directory: Path) -> tuple[str | None, str | None]:
-    """VERSION.json (written by prepare_image_context.py), else a bare COMMIT file beside the sources."""
+    """VERSION.json (written by semif-ops image context), else a bare COMMIT file beside the sources."""
     meta = directory / "VERSION.json"
     if meta.is_file():
         data = json.loads(meta.read_text(encoding="utf-8"))

@@ -1,4 +1,4 @@
-"""Asynchronous inference: deploy_endpoint.py --async and invoke_endpoint.py --async, against moto.
+"""Asynchronous inference: endpoint deploy --async and endpoint invoke --async, against moto.
 
 moto stores AsyncInferenceConfig, implements InvokeEndpointAsync (it writes a queued answer, or a failure,
 to S3 at once; the answers are set through moto's documented async-endpoint-results API) and S3, so every

@@ -1,4 +1,4 @@
-"""semif-ops endpoint scale and the autoscaling part of cleanup_endpoint.py, against moto.
+"""semif-ops endpoint scale and the autoscaling part of semif-ops endpoint cleanup, against moto.
 
 moto implements Application Auto Scaling (register/deregister targets, put/describe/delete policies),
 CloudWatch alarms and the SageMaker endpoint calls used here, so no Stubber is needed.

@@ -1,4 +1,4 @@
-"""semif-ops image build and prepare_model_build.py against moto (S3, ECR, IAM, CodeBuild).
+"""semif-ops image build and semif-ops model prepare against moto (S3, ECR, IAM, CodeBuild).
 
 moto's CodeBuild records builds and reports them SUCCEEDED but never runs a buildspec, so the image the
 buildspec would push is put into moto's ECR by the test; the script must then read its digest from ECR.

@@ -1,4 +1,4 @@
-"""semif-ops endpoint invoke and invoke_standard_endpoint.py.
+"""semif-ops endpoint invoke and semif-ops endpoint invoke --stock.
 
 moto's sagemaker-runtime always answers 200 with canned data and cannot produce a 503 ModelError, so the
 retry behaviour is checked with botocore's Stubber (responses validated against the service model).

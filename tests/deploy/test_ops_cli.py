@@ -14,6 +14,7 @@ import pytest
 from botocore.exceptions import ClientError, NoCredentialsError
 
 from semif_ops import cli
+from semif_ops.errors import UsageError
 from tests.helpers.deploy import REPO_ROOT
 
 SEMIF_OPS = Path(sys.executable).parent / "semif-ops"
@@ -117,6 +118,7 @@ def _raising(exc: BaseException) -> object:
 @pytest.mark.parametrize(
     ("exc", "line"),
     [
+        (UsageError("--max is required"), "error: --max is required"),
         (NoCredentialsError(), "error: Unable to locate credentials (set AWS credentials and a region"),
         (
             ClientError({"Error": {"Code": "ExpiredTokenException", "Message": "expired"}}, "ListModels"),

@@ -1,4 +1,4 @@
-"""Fixtures for the eval tests: the devset and a real local stand-in server (see evalserver.py)."""
+"""Fixtures for the eval tests: the devset and a real local stand-in server (tests/helpers/evalserver.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The benchmark harness end to end against the project's real server (gemma-270m, live subprocess).
 
-The stand-in server of ``evalserver.py`` proves the arithmetic; this module proves the harness and the
+The stand-in of ``tests/helpers/evalserver.py`` proves the arithmetic; this module proves the harness and the
 server agree on the wire: all 60 devset tasks go through ``/invocations`` and ``/v1/systemone``, every
 one gets a usable answer, the three report files are written and readable, and ``compare`` renders
 both runs. Both protocols score the same decision, so their answers must agree task by task.

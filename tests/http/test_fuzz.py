@@ -1,6 +1,6 @@
 """Fuzzing and hostile input, in-process: no body, however malformed, may produce a 5xx or hurt the server.
 
-The hostile cases (tests/hostile.py) are shared with the live-server suite (tests/contract), which adds
+The hostile cases (tests/helpers/hostile.py) also feed the live-server suite (tests/contract), which adds
 what only a real socket can send: broken HTTP framing.
 """
 
