@@ -1,6 +1,6 @@
-"""Shared AWS helpers for the operator scripts: sessions, clients, digest-pinned image URIs, waiting.
+"""Shared AWS helpers for the operator commands: sessions, clients, digest-pinned image URIs, waiting.
 
-Every script obtains boto3 clients through :func:`client`, so tests can record or stub calls in one place.
+Every command obtains boto3 clients through :func:`client`, so tests can record or stub calls in one place.
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from botocore.client import BaseClient
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from semif_ops.errors import UsageError
-
-__all__ = ["UsageError"]  # raised here, caught as aws.UsageError by the commands
+from semif_ops.errors import UsageError as UsageError  # raised here, caught as aws.UsageError
 
 DIGEST_URI = re.compile(r"^(?P<repo>[a-z0-9][a-z0-9._/-]*[a-z0-9])@sha256:(?P<digest>[0-9a-f]{64})$")
 S3_MODEL_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<key>.+\.tar\.gz)$")

@@ -26,7 +26,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from semif_ops import aws
-from semif_ops.endpoint import deploy
+from semif_ops.endpoint import sagemaker
 
 MIB = 1024 * 1024
 CONTAINER_BODY_LIMIT = 6 * MIB  # SEMIF_MAX_BODY_BYTES default
@@ -238,7 +238,7 @@ def validate(args: argparse.Namespace) -> tuple[aws.ImageRef | None, dict[str, s
             raise aws.UsageError("give --model NAME, or --image, --model-data and --role-arn to create one")
         image = aws.parse_digest_uri(args.image)
         aws.parse_model_data(args.model_data)
-        if not deploy.ROLE_ARN.fullmatch(args.role_arn):
+        if not sagemaker.ROLE_ARN.fullmatch(args.role_arn):
             raise aws.UsageError(f"--role-arn {args.role_arn!r} is not an IAM role ARN")
     aws.check_range("--invocation-timeout", args.invocation_timeout, 1, MAX_TIMEOUT_S, " seconds")
     aws.check_range("--max-retries", args.max_retries, 0, 3)
@@ -268,7 +268,7 @@ def start(sm: Any, args: argparse.Namespace, image: aws.ImageRef | None, environ
     if args.model:
         check_model_environment(args, model_environment(sm, args.model))
     if image is not None:
-        deploy.create_model(
+        sagemaker.create_model(
             sm,
             name=model_name,
             image=image,

@@ -20,7 +20,8 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from semif_ops import aws
-from semif_ops.endpoint import scale
+from semif_ops.endpoint.autoscaling import remove_scaling
+from semif_ops.endpoint.sagemaker import VARIANT
 
 ACCESS_DENIED = {"AccessDenied", "AccessDeniedException"}
 # The IAM action prefix of each autoscaling call cleanup makes; the rest are application-autoscaling's.
@@ -68,7 +69,7 @@ def variants_of(described: dict[str, Any] | None, config: dict[str, Any] | None)
         names = [v["VariantName"] for v in (source or {}).get("ProductionVariants", [])]
         if names:
             return list(dict.fromkeys(names))
-    return [scale.VARIANT]
+    return [VARIANT]
 
 
 def cleanup(
@@ -96,7 +97,7 @@ def cleanup(
     if autoscaling is not None:
         for variant in variants_of(described, config):
             try:
-                done += scale.remove_scaling(
+                done += remove_scaling(
                     autoscaling, cloudwatch, endpoint=endpoint, variant=variant
                 )
             except ClientError as exc:

@@ -32,11 +32,10 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from semif_ops import aws
+from semif_ops.endpoint.sagemaker import ROLE_ARN, VARIANT, create_model
 
-ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
 NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,40}$")
 MAX_POOLS = 5
-VARIANT = "AllTraffic"
 SETTING_FLAGS = {  # option dest -> container environment variable
     "threads": "SEMIF_N_THREADS",
     "gpu_layers": "SEMIF_N_GPU_LAYERS",
@@ -95,27 +94,6 @@ def production_variant(
     else:
         variant["InstanceType"] = instance_type
     return variant
-
-
-def create_model(
-    sm: Any,
-    *,
-    name: str,
-    image: aws.ImageRef,
-    model_data: str,
-    role_arn: str,
-    environment: dict[str, str],
-    tags: list[dict[str, str]],
-    network_isolation: bool = True,
-) -> None:
-    """CreateModel with the digest-pinned image (shared with semif-ops endpoint batch)."""
-    sm.create_model(
-        ModelName=name,
-        ExecutionRoleArn=role_arn,
-        PrimaryContainer={"Image": image.uri, "ModelDataUrl": model_data, "Environment": environment},
-        EnableNetworkIsolation=network_isolation,
-        Tags=tags,
-    )
 
 
 def async_inference_config(
