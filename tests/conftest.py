@@ -83,7 +83,7 @@ def qwen_gguf() -> Path:
 
 
 def _random_gguf(request: pytest.FixtureRequest, arch: str, tokenizer_gguf: Path) -> Path:
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     if cache is not None:
         return ensure_random_model(arch, Path(cache.mkdir(f"{arch}-gguf")), tokenizer_gguf)
     return ensure_random_model(arch, request.getfixturevalue("tmp_path_factory").mktemp(arch), tokenizer_gguf)
