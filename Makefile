@@ -1,6 +1,7 @@
 # Two set-up commands on a fresh machine:
 #   make serve   venv + runtime install + embedded demo model, then the server on :8080
 #   make test    venv + test install + both test models, then lint and the whole suite
+#   make test-fast  the unit layer alone (no model loaded, no server started): the inner loop
 #   make test-image  (root) podman + DLC stand-in bases, Dockerfile.cpu built and its container tested
 #
 # llama-cpp-python compiles from source the first time (several minutes); pip caches the wheel.
@@ -12,7 +13,7 @@ PIP := $(PY) -m pip
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen
 
-.PHONY: serve test test-image lint install install-test models bench clean image-context sdists gpu-bundle
+.PHONY: serve test test-fast test-image lint install install-test models bench clean image-context sdists gpu-bundle
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,15 +55,19 @@ models: install-test
 	$(PY) -m semif_adapter.demo_models gemma qwen
 
 lint: install-test
-	$(PY) -m ruff check semif_adapter scripts tests benchmarks
-	$(PY) scripts/check_dockerfiles.py --hadolint
+	$(PY) -m ruff check semif_adapter semif_ops scripts tests benchmarks
+	$(PY) -m semif_ops image check --hadolint
 
 test: models lint
 	$(PY) -m pytest -q
 
+# The unit layer alone: no model loaded, no server started, nothing slow (markers: pyproject.toml).
+test-fast: install-test
+	$(PY) -m pytest -q -m 'not model and not live and not slow and not image and not gpu_check'
+
 test-image: models
 	.ci/setup-podman.sh
-	$(PY) scripts/test_image.py
+	$(PY) -m tests.image.harness
 
 bench: models
 	$(PY) benchmarks/engine_overhead.py
@@ -74,7 +79,7 @@ LLAMA_SOURCE ?=
 LLAMA_VERSION ?=
 LLAMA_COMMIT ?=
 image-context: $(PY)
-	$(PY) scripts/prepare_image_context.py --python $(IMAGE_PYTHON) --arch $(IMAGE_ARCH) \
+	$(PY) -m semif_ops image context --python $(IMAGE_PYTHON) --arch $(IMAGE_ARCH) \
 	  $(if $(LLAMA_SOURCE),--llama-source $(LLAMA_SOURCE)) $(if $(LLAMA_VERSION),--llama-version $(LLAMA_VERSION)) \
 	  $(if $(LLAMA_COMMIT),--llama-commit $(LLAMA_COMMIT))
 
@@ -85,7 +90,7 @@ gpu-bundle: models
 
 # llama-cpp-python sdists (binding + headers only) for the layout tests, cached outside git.
 sdists: $(PY)
-	$(PY) tests/deploy/sdists.py 0.3.30 0.3.35 0.3.36
+	$(PY) -m tests.helpers.sdists 0.3.30 0.3.35 0.3.36
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -20,7 +20,7 @@ fail() {
     exit 1
 }
 
-[ -f "$context" ] || fail "no $context in the build context; prepare it first: make image-context (scripts/prepare_image_context.py)"
+[ -f "$context" ] || fail "no $context in the build context; prepare it first: make image-context (semif-ops image context)"
 want_python=$(sed -n 's/.*"python": *"\([0-9.]*\)".*/\1/p' "$context")
 want_arch=$(sed -n 's/.*"arch": *"\([^"]*\)".*/\1/p' "$context")
 

@@ -34,11 +34,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-try:
-    from scripts import prepare_image_context as image_context
-except ModuleNotFoundError:  # run as a file
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import prepare_image_context as image_context
+from semif_ops.image import context as image_context
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "gpu-bundle"

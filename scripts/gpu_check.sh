@@ -179,9 +179,9 @@ bench() {
     q4=$WORK/models/qwen35-$shape-Q4_K_M.gguf
     started=$SECONDS
     # a second call on a warm GPU machine reuses the quantized model; the dry run always remakes it
-    if [[ "$MODE" == cpu || ! -f "$q4" || "$q4" -ot "$BUNDLE/tokenizer.gguf" || "$q4" -ot tests/random_models.py ]]; then
+    if [[ "$MODE" == cpu || ! -f "$q4" || "$q4" -ot "$BUNDLE/tokenizer.gguf" || "$q4" -ot tests/helpers/random_models.py ]]; then
         say "writing the $shape-shaped random model (f16)"
-        "$PY" tests/random_models.py shaped "$shape" "$BUNDLE/tokenizer.gguf" "$f16" >"$WORK/shaped.json" ||
+        "$PY" tests/helpers/random_models.py shaped "$shape" "$BUNDLE/tokenizer.gguf" "$f16" >"$WORK/shaped.json" ||
             fail "could not write the shaped model"
         gen_s=$((SECONDS - started))
         say "quantizing to Q4_K_M with the fresh llama-quantize"

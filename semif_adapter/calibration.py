@@ -1,6 +1,6 @@
 """Temperature calibration: the ``calibration.json`` schema, its loader and the softmax it drives.
 
-Raw option probabilities of a language model are not calibrated confidence. ``scripts/calibrate.py``
+Raw option probabilities of a language model are not calibrated confidence. ``semif-adapter calibrate``
 fits one temperature per question type (optionally per option count) on labelled decisions and
 writes ``calibration.json``; the engine loads it here and reports ``softmax(logits / T)`` while the
 raw ``option_logits`` stay untouched. The writer (``semif_adapter.eval.calibrate``) and this reader

@@ -3,7 +3,7 @@
 The manifest travels inside ``model.tar.gz`` next to the GGUF. At start-up the server checks the file it is
 about to load against it (size first because it is free, then a streamed sha256), so a truncated upload, a
 wrong quantisation or a swapped file stops the container with one clear line instead of serving the wrong
-model. Packaging (``scripts/package_model.py``) uses the same checks before anything is uploaded.
+model. Packaging (``semif-ops model package``) uses the same checks before anything is uploaded.
 """
 
 from __future__ import annotations

@@ -11,8 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from random_models import ensure_random_model
-from support import (
+
+from semif_adapter.demo_models import ensure_model
+from semif_adapter.engine import DecisionEngine
+from tests.helpers.random_models import ensure_random_model
+from tests.helpers.support import (
     LiveServer,
     engine_settings,
     engines_under_test,
@@ -21,12 +24,52 @@ from support import (
     wait_for_ping,
 )
 
-from semif_adapter.demo_models import ensure_model
-from semif_adapter.engine import DecisionEngine
+# Markers come from what a test uses, not from hand-written decorators: a test that asks for a GGUF or an
+# engine loads a model, one that asks for a live server starts one, a folder names the rest. The source
+# patterns catch the modules that load a model or start a server without a fixture.
+MODEL_FIXTURES = frozenset(
+    {"gemma_gguf", "qwen_gguf", "tokenizer_gguf", "hybrid_gguf", "mamba_gguf", "dense_gguf", "engine"}
+)
+LIVE_FIXTURES = frozenset({"live_server", "server_factory", "s1"})
+AWS_FIXTURES = frozenset({"moto_aws", "calls", "use_clients"})
+MODEL_SOURCE = ("ensure_model(", "DecisionEngine.load(", "start_server(", "make_model_dir(")
+LIVE_SOURCE = ("start_server(", "LiveServer(", "SEMIF_TEST_URL")
+AWS_SOURCE = ("mock_aws", "Stubber(")
+FOLDER_MARKS = {"image": ("image", "live", "model", "slow"), "gpu_check": ("gpu_check", "model", "slow")}
+SLOW_MODULES = frozenset({"test_soak.py"})
 
-# tests/image runs against a built image and its running container; scripts/test_image.py (make test-image)
+# tests/image runs against a built image and its running container; tests/image/harness.py (make test-image)
 # builds both and sets SEMIF_TEST_IMAGE. `make test` has no container, so it does not collect them.
 collect_ignore = [] if os.environ.get("SEMIF_TEST_IMAGE") else ["image"]
+
+
+def _marks_for(item: pytest.Item, source: str) -> set[str]:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    marks: set[str] = set()
+    if fixtures & MODEL_FIXTURES or any(f.endswith("_engine") for f in fixtures):
+        marks.add("model")
+    if fixtures & LIVE_FIXTURES:
+        marks |= {"live", "model"}
+    if fixtures & AWS_FIXTURES or any(p in source for p in AWS_SOURCE):
+        marks.add("aws")
+    if any(p in source for p in MODEL_SOURCE):
+        marks.add("model")
+    if any(p in source for p in LIVE_SOURCE):
+        marks.add("live")
+    parts = item.path.relative_to(Path(__file__).parent).parts
+    marks.update(FOLDER_MARKS.get(parts[0], ()) if len(parts) > 1 else ())
+    if item.path.name in SLOW_MODULES:
+        marks.add("slow")
+    return marks
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    sources: dict[Path, str] = {}
+    for item in items:
+        if item.path not in sources:
+            sources[item.path] = item.path.read_text(encoding="utf-8")
+        for name in sorted(_marks_for(item, sources[item.path]) - {m.name for m in item.iter_markers()}):
+            item.add_marker(name)
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +83,7 @@ def qwen_gguf() -> Path:
 
 
 def _random_gguf(request: pytest.FixtureRequest, arch: str, tokenizer_gguf: Path) -> Path:
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     if cache is not None:
         return ensure_random_model(arch, Path(cache.mkdir(f"{arch}-gguf")), tokenizer_gguf)
     return ensure_random_model(arch, request.getfixturevalue("tmp_path_factory").mktemp(arch), tokenizer_gguf)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import REPO_ROOT
+from tests.helpers.support import REPO_ROOT
 
 
 def test_soak_60_seconds(tmp_path: Path, gemma_gguf: Path) -> None:

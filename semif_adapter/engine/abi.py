@@ -8,7 +8,7 @@ of the wrong size passed by value corrupts the call. llama-cpp-python's hand-wri
 exactly one llama.cpp; the DLC ships others.
 
 So the engine builds its own ctypes classes from a :class:`Layout` — every field's offset, size and
-alignment, as a C compiler measured them against the library's own ``llama.h`` (``scripts/llama_abi.py``) —
+alignment, as a C compiler measured them against the library's own ``llama.h`` (``semif-ops image abi``) —
 and calls those seven functions through prototypes of its own. Only the fields the engine reads or writes
 (:data:`ENGINE_FIELDS`) get typed ctypes members; every other field is carried as opaque bytes of the right
 size and alignment, so the library's defaults pass through untouched whatever they mean. A layout is usable

@@ -19,7 +19,7 @@ symbols are still checked by name after the import (:func:`load`), so tolerance 
 engine calls.
 
 The same wrap, with a library that has no symbols at all, gives the binding's module without any libllama
-(:func:`binding_module`), so ``scripts/llama_abi.py compare`` can set its structs beside a header's.
+(:func:`binding_module`), so ``semif-ops image abi compare`` can set its structs beside a header's.
 
 Which struct layouts the engine then uses is decided here too: a proven record's (:func:`check_recorded`),
 or, with no record, the binding's own, and only for the llama.cpp build the binding was written for
@@ -271,7 +271,7 @@ def binding_module(package_dir: Path | None = None) -> types.ModuleType:
 # this table against the sdists.
 BINDING_LLAMA_COMMITS = {"0.3.36": "0c1e57098"}
 PROVE_HINT = (
-    "prove it: python scripts/llama_abi.py verify --lib-dir <dir of that libllama.so> --headers "
+    "prove it: semif-ops image abi verify --lib-dir <dir of that libllama.so> --headers "
     "<its llama.cpp source tree or release tarball> --record llama-abi.json, then start with "
     "SEMIF_LLAMA_ABI_RECORD=llama-abi.json"
 )
@@ -313,7 +313,7 @@ def check_recorded(lib: Any, record_path: Path, binding_version: str) -> dict[st
         layouts = {name: abi.Layout.from_json(name, data) for name, data in record["structs"].items()}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BindingError(
-            f"cannot read the proven llama.cpp record {record_path} (scripts/llama_abi.py verify writes "
+            f"cannot read the proven llama.cpp record {record_path} (semif-ops image abi verify writes "
             f"it): {_one_line(exc)}"
         ) from None
     found = library_version(lib)

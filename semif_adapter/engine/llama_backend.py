@@ -84,7 +84,7 @@ _initialised = False
 def import_llama_cpp(abi_record: Path | None = None) -> tuple[Any, abi.ByValueCalls]:
     """The bindings, imported tolerantly (see binding.py), and the by-value calls with the library's layouts.
 
-    With ``abi_record`` (what ``scripts/llama_abi.py verify`` proved for this library: the image build, or an
+    With ``abi_record`` (what ``semif-ops image abi verify`` proved for this library: the image build, or an
     operator by hand) the struct layouts come from it and a library of another version is refused; without
     one, the library must be the llama.cpp build the binding was written for, and the binding's layouts are
     used. Either way every symbol the engine calls must be exported.

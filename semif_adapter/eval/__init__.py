@@ -1,6 +1,6 @@
 """Benchmark and calibration harness: labelled tasks → any endpoint → accuracy, calibration, latency.
 
-Entry points: :func:`run_benchmark` (programmatic), ``scripts/benchmark.py`` / ``scripts/calibrate.py``
+Entry points: :func:`run_benchmark` (programmatic), ``semif-adapter benchmark`` / ``semif-adapter calibrate``
 and the ``benchmark`` / ``calibrate`` subcommands (see :mod:`semif_adapter.eval.cli`). Names are
 resolved lazily so that registering the subcommands does not import httpx or matplotlib.
 """

@@ -14,7 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from hostile import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers.hostile import (
     DECISION,
     POISONS,
     check_decision_refusal,
@@ -32,9 +35,7 @@ from hostile import (
     systemone_whole_bodies,
     whole_bodies,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from support import LiveServer
+from tests.helpers.support import LiveServer
 
 STATE = (
     "At 09:12 the checkout page started returning HTTP 500 for every customer. The error rate on "

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import httpx
-from support import LiveServer, start_request_in_engine
 
 from semif_adapter.demo_models import MODELS
+from tests.helpers.support import LiveServer, start_request_in_engine
 
 GEMMA = MODELS["gemma"]
 

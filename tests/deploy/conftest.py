@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:  # scripts/ is a package at the repo root, not an installed one
-    sys.path.insert(0, str(REPO_ROOT))
-
-from deploy_helpers import GEMMA_BYTES, GEMMA_PATH  # noqa: E402
-
-from scripts import _aws  # noqa: E402
+from semif_ops import aws as _aws
+from tests.helpers.deploy import GEMMA_BYTES, GEMMA_PATH
 
 
 @pytest.fixture(autouse=True)

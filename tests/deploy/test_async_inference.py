@@ -1,4 +1,4 @@
-"""Asynchronous inference: deploy_endpoint.py --async and invoke_endpoint.py --async, against moto.
+"""Asynchronous inference: endpoint deploy --async and endpoint invoke --async, against moto.
 
 moto stores AsyncInferenceConfig, implements InvokeEndpointAsync (it writes a queued answer, or a failure,
 to S3 at once; the answers are set through moto's documented async-endpoint-results API) and S3, so every
@@ -14,9 +14,10 @@ from typing import Any
 import boto3
 import pytest
 import requests
-from deploy_helpers import IMAGE
 
-from scripts import deploy_endpoint, invoke_endpoint
+from semif_ops.endpoint import deploy as deploy_endpoint
+from semif_ops.endpoint import invoke as invoke_endpoint
+from tests.helpers.deploy import IMAGE
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 TOPIC = "arn:aws:sns:us-east-1:123456789012:semif-answers"

@@ -1,4 +1,4 @@
-"""scripts/autoscale_endpoint.py and the autoscaling part of cleanup_endpoint.py, against moto.
+"""semif-ops endpoint scale and the autoscaling part of semif-ops endpoint cleanup, against moto.
 
 moto implements Application Auto Scaling (register/deregister targets, put/describe/delete policies),
 CloudWatch alarms and the SageMaker endpoint calls used here, so no Stubber is needed.
@@ -11,9 +11,11 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from deploy_helpers import IMAGE
 
-from scripts import autoscale_endpoint, cleanup_endpoint, deploy_endpoint
+from semif_ops.endpoint import cleanup as cleanup_endpoint
+from semif_ops.endpoint import deploy as deploy_endpoint
+from semif_ops.endpoint import scale as autoscale_endpoint
+from tests.helpers.deploy import IMAGE
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 RID = "endpoint/semif-scale/variant/AllTraffic"
@@ -194,9 +196,8 @@ def test_cleanup_removes_autoscaling_before_deleting_the_endpoint(
     changes = [op for _, op, _ in calls if not op.startswith(("Describe", "List"))]
     assert changes[-3:] == ["DeleteEndpoint", "DeleteEndpointConfig", "DeleteModel"]
     before = changes[:-3]
-    assert before.count("DeleteScalingPolicy") == 2
-    assert before[-1] == "DeregisterScalableTarget"  # the target goes after every policy
-    assert "DeleteAlarms" in before
+    # the step policy's alarm first (AWS leaves it behind otherwise), then the policies, then the target
+    assert before == ["DeleteAlarms", *["DeleteScalingPolicy"] * 2, "DeregisterScalableTarget"]
     assert state() == ([], [], [])
     assert boto3.client("sagemaker", region_name="us-east-1").list_endpoints()["Endpoints"] == []
     out = capsys.readouterr().out
@@ -252,29 +253,82 @@ def test_endpoint_mismatch_is_refused_before_registering(
     assert state() == ([], [], [])
 
 
-def test_cleanup_without_autoscaling_rights_still_deletes_the_endpoint(
-    moto_aws: None, use_clients: Any, capsys: pytest.CaptureFixture[str]
+ALARM = "semif-semif-scale-AllTraffic-backlog-without-capacity"
+
+
+def without_the_endpoint(name: str = "semif-scale") -> None:
+    """What DeleteEndpoint does on AWS (moto does not): deregister the variant's scalable target and its
+    policies without a word. The step policy's alarm stays, as it does on AWS."""
+    keys = {"ServiceNamespace": "sagemaker", "ResourceId": RID, "ScalableDimension": DIMENSION}
+    for policy in aas().describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]:
+        aas().delete_scaling_policy(PolicyName=policy["PolicyName"], **keys)
+    aas().deregister_scalable_target(**keys)
+    boto3.client("sagemaker", region_name="us-east-1").delete_endpoint(EndpointName=name)
+
+
+@pytest.mark.parametrize("command", ["scale --remove", "cleanup"])
+def test_an_alarm_left_by_a_deleted_endpoint_is_found_by_its_name(
+    moto_aws: None, command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Stubber for Application Auto Scaling: moto does not enforce IAM, so it cannot refuse a call."""
+    deploy_async()
+    args = ["--endpoint", "semif-scale", "--metric", "backlog", "--min", "0", "--max", "2"]
+    assert autoscale_endpoint.main(args) == 0
+    boto3.client("cloudwatch", region_name="us-east-1").put_metric_alarm(
+        AlarmName="someone-elses", MetricName="CPUUtilization", Namespace="AWS/EC2", Statistic="Average",
+        Period=60, EvaluationPeriods=1, Threshold=90.0, ComparisonOperator="GreaterThanThreshold",
+    )  # fmt: skip
+    without_the_endpoint()
+    assert state() == ([], [], [ALARM, "someone-elses"])  # a partial cleanup: no policy leads to the alarm
+
+    if command == "cleanup":
+        assert cleanup_endpoint.main(["--endpoint", "semif-scale", "--poll", "0"]) == 0
+    else:
+        assert autoscale_endpoint.main(["--endpoint", "semif-scale", "--remove"]) == 0
+    assert state() == ([], [], ["someone-elses"])  # only ours, found by its name
+    assert f"deleted alarm {ALARM}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("service", "operation", "action"),
+    [
+        (
+            "application_autoscaling",
+            "describe_scaling_policies",
+            "application-autoscaling:DescribeScalingPolicies",
+        ),
+        ("cloudwatch", "describe_alarms", "cloudwatch:DescribeAlarms"),
+    ],
+)
+def test_cleanup_without_autoscaling_rights_stops_before_the_endpoint(
+    moto_aws: None,
+    use_clients: Any,
+    capsys: pytest.CaptureFixture[str],
+    service: str,
+    operation: str,
+    action: str,
+) -> None:
+    """Stubber for the refused call: moto does not enforce IAM, so it cannot refuse one."""
     deploy()
-    refused = boto3.client("application-autoscaling", region_name="us-east-1")
-    stub = Stubber(refused)
+    clients = {
+        name: boto3.client(name.replace("_", "-"), region_name="us-east-1")
+        for name in ("sagemaker", "application_autoscaling", "cloudwatch")
+    }
+    stub = Stubber(clients[service])
     stub.add_client_error(
-        "describe_scaling_policies",
+        operation,
         service_error_code="AccessDeniedException",
-        service_message="not authorized to perform: application-autoscaling:DescribeScalingPolicies",
+        service_message=f"not authorized to perform: {action}",
         http_status_code=400,
     )
-    sm = boto3.client("sagemaker", region_name="us-east-1")
-    cw = boto3.client("cloudwatch", region_name="us-east-1")
-    use_clients(sagemaker=sm, application_autoscaling=refused, cloudwatch=cw)
+    use_clients(**clients)
     with stub:
-        assert cleanup_endpoint.main(["--endpoint", "semif-scale", "--poll", "0"]) == 0
+        assert cleanup_endpoint.main(["--endpoint", "semif-scale", "--poll", "0"]) != 0
         stub.assert_no_pending_responses()
-    out = capsys.readouterr().out
-    assert "autoscaling of semif-scale/AllTraffic not checked: AccessDeniedException" in out
-    assert "deleted endpoint semif-scale" in out
-    assert sm.list_endpoints()["Endpoints"] == []
+    (line,) = error_lines(capsys)
+    assert f"not allowed to call {action} (AccessDeniedException), so semif-scale was not deleted" in line
+    assert "before DeleteEndpoint" in line
+    # AWS wants autoscaling gone before DeleteEndpoint: the endpoint stays for a re-run with the right
+    assert [e["EndpointName"] for e in clients["sagemaker"].list_endpoints()["Endpoints"]] == ["semif-scale"]
 
 
 def test_cleanup_stops_on_other_autoscaling_errors(

@@ -1,4 +1,4 @@
-"""scripts/batch_transform.py: the exact CreateTransformJob request (moto), waiting, failures, --stop.
+"""semif-ops endpoint batch: the exact CreateTransformJob request (moto), waiting, failures, --stop.
 
 moto implements CreateTransformJob/DescribeTransformJob (every job is Completed at once) and S3. A failed
 job and StopTransformJob are beyond it (moto has no failing jobs and no StopTransformJob), so those two
@@ -12,9 +12,9 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import ANY, Stubber
-from deploy_helpers import IMAGE
 
-from scripts import batch_transform
+from semif_ops.endpoint import batch as batch_transform
+from tests.helpers.deploy import IMAGE
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 DATA = "s3://models/x/model.tar.gz"
@@ -35,12 +35,31 @@ def error_lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
     return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
 
 
+def make_model(environment: dict[str, str] | None = None, name: str = "semif-model") -> None:
+    """The existing model --model names, with the environment a deploy gave it."""
+    boto3.client("sagemaker", region_name="us-east-1").create_model(
+        ModelName=name,
+        ExecutionRoleArn=ROLE,
+        PrimaryContainer={"Image": IMAGE, "ModelDataUrl": DATA, "Environment": environment or {}},
+    )
+
+
+DESCRIBED_MODEL = {
+    "ModelName": "semif-model",
+    "ModelArn": "arn:aws:sagemaker:us-east-1:123456789012:model/semif-model",
+    "ExecutionRoleArn": ROLE,
+    "PrimaryContainer": {"Image": IMAGE, "Environment": {}},
+    "CreationTime": "2024-01-01T00:00:00Z",
+}
+
+
 def test_job_request_is_json_lines_multi_record_one_at_a_time(
     moto_aws: None, calls: Calls, capsys: pytest.CaptureFixture[str]
 ) -> None:
     s3 = boto3.client("s3", region_name="us-east-1")
     s3.create_bucket(Bucket="results")
     s3.put_object(Bucket="results", Key="out/part-1.jsonl.out", Body=b"{}\n")  # what SageMaker would write
+    make_model()
     rc = batch_transform.main(
         [
             *BASE,
@@ -56,8 +75,12 @@ def test_job_request_is_json_lines_multi_record_one_at_a_time(
     )
     assert rc == 0
     sent = [(service, op) for service, op, _ in calls]
-    assert sent[:2] == [("sagemaker", "CreateTransformJob"), ("sagemaker", "DescribeTransformJob")]
-    request = calls[0][2]
+    assert sent[:3] == [
+        ("sagemaker", "DescribeModel"),  # the model's own environment must suit the job
+        ("sagemaker", "CreateTransformJob"),
+        ("sagemaker", "DescribeTransformJob"),
+    ]
+    request = calls[1][2]
     assert request == {
         "TransformJobName": "semif-batch",
         "ModelName": "semif-model",
@@ -135,6 +158,7 @@ def test_failed_job_prints_its_failure_reason(use_clients: Any, capsys: pytest.C
     """Stubber: moto's transform jobs always complete, so a failure and its reason cannot happen there."""
     sm = boto3.client("sagemaker", region_name="us-east-1")
     stub = Stubber(sm)
+    stub.add_response("describe_model", DESCRIBED_MODEL, {"ModelName": "semif-model"})
     stub.add_response(
         "create_transform_job",
         {"TransformJobArn": "arn:aws:sagemaker:us-east-1:123456789012:transform-job/semif-batch"},
@@ -204,6 +228,7 @@ def test_stop_ends_a_running_job(use_clients: Any, capsys: pytest.CaptureFixture
 def test_stop_leaves_a_finished_job_alone(
     moto_aws: None, calls: Calls, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    make_model()
     assert batch_transform.main([*BASE, "--no-wait"]) == 0
     calls.clear()
     assert batch_transform.main(["--stop", "semif-batch"]) == 0
@@ -245,6 +270,53 @@ def test_bad_input_is_refused_before_any_aws_call(
     lines = error_lines(capsys)
     assert len(lines) == 1 and fragment in lines[0]
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("environment", "args", "fragment"),
+    [
+        (  # deployed with --max-body-bytes 524288: no payload of 1 MB or more fits
+            {"SEMIF_MAX_BODY_BYTES": "524288"},
+            [],
+            "SEMIF_MAX_BODY_BYTES=524288 (deployed with --max-body-bytes), below --max-payload-mb 1 (1048576 "
+            "bytes): use a model made without --max-body-bytes",
+        ),
+        (
+            {"SEMIF_MAX_BODY_BYTES": str(2 * 1024 * 1024)},
+            ["--max-payload-mb", "4"],
+            "pass --max-payload-mb 2 or less",
+        ),
+        (  # deployed --async with --invocation-timeout 1800
+            {"SEMIF_REQUEST_TIMEOUT_S": "1795"},
+            ["--invocation-timeout", "600"],
+            "SEMIF_REQUEST_TIMEOUT_S=1795 (a 1795 s deadline, e.g. from an --async deploy), beyond "
+            "--invocation-timeout 600: SageMaker would end requests first; pass --invocation-timeout 1800",
+        ),
+        ({"SEMIF_REQUEST_TIMEOUT_S": "0"}, [], "(no deadline, e.g. from an --async deploy)"),
+        (None, ["--model", "semif-other"], "--model semif-other: no such SageMaker model in this region"),
+    ],
+)
+def test_the_models_own_environment_is_checked_before_the_job_starts(
+    moto_aws: None,
+    calls: Calls,
+    capsys: pytest.CaptureFixture[str],
+    environment: dict[str, str] | None,
+    args: list[str],
+    fragment: str,
+) -> None:
+    make_model(environment)
+    assert batch_transform.main([*BASE, *args, "--no-wait"]) != 0
+    (line,) = error_lines(capsys)
+    assert f"model {BASE[3]} carries " in line or "no such" in line
+    assert fragment in line
+    assert [op for _, op, _ in calls] == ["DescribeModel"]  # no job started
+
+
+def test_a_model_whose_limits_fit_the_job_runs_it(moto_aws: None, calls: Calls) -> None:
+    make_model({"SEMIF_MAX_BODY_BYTES": str(2 * 1024 * 1024), "SEMIF_REQUEST_TIMEOUT_S": "595"})
+    args = [*BASE, "--max-payload-mb", "2", "--invocation-timeout", "600", "--no-wait"]
+    assert batch_transform.main(args) == 0
+    assert [op for _, op, _ in calls] == ["DescribeModel", "CreateTransformJob"]
 
 
 def test_installed_botocore_knows_the_transform_fields_used() -> None:

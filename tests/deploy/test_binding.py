@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from deploy_helpers import REPO_ROOT
-from sdists import sdist
 
-from scripts import llama_abi
 from semif_adapter.engine.llama_backend import REQUIRED_SYMBOLS
+from semif_ops.image import abi as llama_abi
+from tests.helpers.deploy import REPO_ROOT
+from tests.helpers.sdists import sdist
 
 VERSIONS = {"llama_version": "0.4.1", "ggml_version": "0.9.4", "ggml_commit": "f00dcafe"}
 
@@ -226,13 +226,13 @@ def test_without_a_record_only_the_bindings_own_llama_cpp_is_used(
         return
     assert f"reports llama.cpp 0.5.0-dev, ggml 0.9.4, commit {commit or '(no ggml_commit)'}" in out
     assert "but llama-cpp-python 0.3.36 was written for llama.cpp commit 0c1e57098" in out
-    assert "scripts/llama_abi.py verify --lib-dir" in out and "SEMIF_LLAMA_ABI_RECORD=llama-abi.json" in out
+    assert "semif-ops image abi verify --lib-dir" in out and "SEMIF_LLAMA_ABI_RECORD=llama-abi.json" in out
     assert len(out.splitlines()) == 1
 
 
 def test_the_binding_commit_table_matches_the_sdists_changelog() -> None:
-    from scripts.dlc_standin import vendored_commit
     from semif_adapter.engine import binding
+    from tests.image.dlc_standin import vendored_commit
 
     for version, commit in binding.BINDING_LLAMA_COMMITS.items():
         assert vendored_commit((sdist(version) / "CHANGELOG.md").read_text()) == commit

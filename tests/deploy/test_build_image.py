@@ -1,4 +1,4 @@
-"""scripts/build_image.py and prepare_model_build.py against moto (S3, ECR, IAM, CodeBuild).
+"""semif-ops image build and semif-ops model prepare against moto (S3, ECR, IAM, CodeBuild).
 
 moto's CodeBuild records builds and reports them SUCCEEDED but never runs a buildspec, so the image the
 buildspec would push is put into moto's ECR by the test; the script must then read its digest from ECR.
@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
-from deploy_helpers import DIGEST, REPO_ROOT, write_manifest
 
-from scripts import _dockerfile, build_image, prepare_model_build
+from semif_ops.image import build as build_image
+from semif_ops.image import dockerfile as _dockerfile
+from semif_ops.model import prepare as prepare_model_build
+from tests.helpers.deploy import DIGEST, REPO_ROOT, write_manifest
 
 BASE = f"public.ecr.aws/deep-learning-containers/llama-cpp@sha256:{DIGEST}"
 
 
 def prepared(tmp_path: Path, arch: str = "x86_64") -> str:
-    """A prepared build context as scripts/prepare_image_context.py leaves it (wheels stubbed)."""
+    """A prepared build context as semif-ops image context leaves it (wheels stubbed)."""
     wheelhouse = tmp_path / "docker" / "wheelhouse"
     wheelhouse.mkdir(parents=True)
     (wheelhouse / "context.json").write_text(
@@ -133,7 +137,7 @@ def test_build_pushes_through_codebuild_and_prints_digest_uri(
             "docker/entrypoint.sh",
             "docker/requirements.lock",
             "semif_adapter/manifest.py",
-            "scripts/llama_abi.py",
+            "semif_ops/image/abi.py",
             "docker/check-base.sh",
             "docker/wheelhouse/context.json",
             "docker/wheelhouse/pip-25.3-py3-none-any.whl",
@@ -246,10 +250,23 @@ def test_unprepared_or_wrong_arch_context_is_refused_before_any_aws_call(
 def test_buildspec_is_valid_and_checks_the_base() -> None:
     spec = json.loads(build_image.buildspec())
     pre = " ".join(spec["phases"]["pre_build"]["commands"])
-    assert "check_dockerfiles.py --base-image" in pre
+    assert "python3 -m semif_ops.image.check --base-image" in pre
     build = " ".join(spec["phases"]["build"]["commands"])
     assert '--build-arg LLAMA_CPP_VERSION="$LLAMA_CPP_VERSION"' in build
     assert spec["env"]["exported-variables"] == ["IMAGE_DIGEST"]
+
+
+def test_the_codebuild_check_runs_from_the_source_zip_alone(tmp_path: Path) -> None:
+    """CodeBuild has the zip and a bare python3: the pre-build check must import nothing from elsewhere
+    (``-S``: no site-packages, so no installed semif_ops or third-party module can stand in)."""
+    with zipfile.ZipFile(io.BytesIO(build_image.source_zip())) as archive:
+        archive.extractall(tmp_path)
+    check = json.loads(build_image.buildspec())["phases"]["pre_build"]["commands"][0]
+    base = f"public.ecr.aws/deep-learning-containers/llama-cpp@sha256:{DIGEST}"
+    argv = check.replace('"$BASE_IMAGE"', base).replace('"Dockerfile.$VARIANT"', "Dockerfile.cpu").split()
+    assert argv[:3] == ["python3", "-m", "semif_ops.image.check"]
+    done = subprocess.run([sys.executable, "-S", *argv[1:]], cwd=tmp_path, capture_output=True, text=True)
+    assert (done.returncode, done.stdout.strip()) == (0, "ok: Dockerfile.cpu"), done.stderr
 
 
 def test_model_build_project_downloads_verifies_and_uploads(

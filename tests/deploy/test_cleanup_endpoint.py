@@ -1,4 +1,4 @@
-"""scripts/cleanup_endpoint.py against moto: delete order, waiting, tolerance of missing pieces."""
+"""semif-ops endpoint cleanup against moto: delete order, waiting, tolerance of missing pieces."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from typing import Any
 
 import boto3
 import pytest
-from deploy_helpers import IMAGE
 
-from scripts import cleanup_endpoint, deploy_endpoint
+from semif_ops.endpoint import cleanup as cleanup_endpoint
+from semif_ops.endpoint import deploy as deploy_endpoint
+from tests.helpers.deploy import IMAGE
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 

@@ -1,4 +1,4 @@
-"""scripts/deploy_endpoint.py: exact SageMaker calls (moto), digest rule, and instance pools.
+"""semif-ops endpoint deploy: exact SageMaker calls (moto), digest rule, and instance pools.
 
 moto 5.x rejects a ProductionVariant without InstanceType, so the instance-pool deployment is checked with
 botocore's Stubber, which validates every request against the installed SageMaker service model.
@@ -11,9 +11,9 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import ANY, Stubber
-from deploy_helpers import DIGEST, IMAGE
 
-from scripts import deploy_endpoint
+from semif_ops.endpoint import deploy as deploy_endpoint
+from tests.helpers.deploy import DIGEST, IMAGE
 
 ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 DATA = "s3://models/semif/qwen/model.tar.gz"

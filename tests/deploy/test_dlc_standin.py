@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import dlc_standin
+from tests.image import dlc_standin
 
 DEB822 = """\
 Types: deb

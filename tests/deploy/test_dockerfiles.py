@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from deploy_helpers import DIGEST, REPO_ROOT
 
-from scripts import _dockerfile, check_dockerfiles
+from semif_ops.image import check as check_dockerfiles
+from semif_ops.image import dockerfile as _dockerfile
+from tests.helpers.deploy import DIGEST, REPO_ROOT
 
 DOCKERFILES = [REPO_ROOT / "Dockerfile.cpu", REPO_ROOT / "Dockerfile.gpu"]
 BASE = f"public.ecr.aws/deep-learning-containers/llama-cpp@sha256:{DIGEST}"
@@ -39,7 +40,7 @@ def test_dockerfile_shape(path: Path) -> None:
     assert "SEMIF_LLAMA_ABI_RECORD=/opt/semif/llama-abi.json" in env
     builder = " ".join(i.args for i in stages[0].instructions)
     assert "--no-index" in builder and "llama-cpp-python==0.3.36" in builder
-    assert "check-base.sh" in builder and "llama_abi.py verify" in builder
+    assert "check-base.sh" in builder and "semif_ops/image/abi.py verify" in builder
     # No package manager and no second interpreter: the base's Python, the prepared wheelhouse.
     text = path.read_text()
     assert not re.search(r"\b(dnf|yum|microdnf|apt-get|apt)\b", text)
@@ -224,18 +225,6 @@ def test_link_script_exposes_dlc_libraries(tmp_path: Path) -> None:
     assert failed.returncode == 1 and "holds no libllama.so" in failed.stderr
 
 
-def test_script_help_exits_zero() -> None:
-    scripts = sorted(p.stem for p in (REPO_ROOT / "scripts").glob("*.py") if not p.stem.startswith("_"))
-    assert {"benchmark", "calibrate", "deploy_endpoint", "package_model"} <= set(scripts)
-    for name in scripts:
-        result = subprocess.run(
-            [sys.executable, str(REPO_ROOT / "scripts" / f"{name}.py"), "--help"],
-            capture_output=True,
-            text=True,
-        )
-        assert result.returncode == 0 and "usage:" in result.stdout, (name, result.stderr)
-
-
 def test_libllama_is_located_without_find(tmp_path: Path) -> None:
     """check-base.sh's search, in Python (the DLC's base has no findutils): the first libllama.so* in
     sorted order, skipping the image's own folders; exit 1 and nothing printed when there is none."""
@@ -272,7 +261,7 @@ def test_a_run_line_calling_what_the_base_lacks_is_named(run: str, command: str)
 
 
 def test_shell_reader_sees_commands_only_where_commands_stand() -> None:
-    from scripts._shell_commands import calls
+    from semif_ops.image.shell_commands import calls
 
     script = """
     fail() { echo "error: $*" >&2; exit 1; }

@@ -1,5 +1,5 @@
 """The image build's own checks, run here on real files: docker/check-base.sh against library directories laid
-out like the DLC's, and scripts/prepare_image_context.py's wheel retagging and header export."""
+out like the DLC's, and semif-ops image context's wheel retagging and header export."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from deploy_helpers import REPO_ROOT
-from sdists import sdist
 
-from scripts import llama_abi, prepare_image_context
+from semif_ops.image import abi as llama_abi
+from semif_ops.image import context as prepare_image_context
+from tests.helpers.deploy import REPO_ROOT
+from tests.helpers.sdists import sdist
 
 CHECK = REPO_ROOT / "docker" / "check-base.sh"
 HERE_PYTHON = f"{sys.version_info[0]}.{sys.version_info[1]}"

@@ -1,4 +1,4 @@
-"""scripts/invoke_endpoint.py and invoke_standard_endpoint.py.
+"""semif-ops endpoint invoke and semif-ops endpoint invoke --stock.
 
 moto's sagemaker-runtime always answers 200 with canned data and cannot produce a 503 ModelError, so the
 retry behaviour is checked with botocore's Stubber (responses validated against the service model).
@@ -17,7 +17,8 @@ from botocore.exceptions import ClientError
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
 
-from scripts import invoke_endpoint, invoke_standard_endpoint
+from semif_ops.endpoint import invoke as invoke_endpoint
+from semif_ops.endpoint import invoke_stock as invoke_standard_endpoint
 
 DECISION = {
     "decision": {

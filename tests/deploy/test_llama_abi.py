@@ -1,4 +1,4 @@
-"""The struct layout probe (scripts/llama_abi.py): a C probe compiled with gcc against the llama.h of real
+"""The struct layout probe (semif-ops image abi): a C probe compiled with gcc against the llama.h of real
 llama-cpp-python sdists, checked for the fields the engine sets and compared with the ctypes layout of real
 bindings. No library is built or loaded."""
 
@@ -12,10 +12,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from sdists import sdist
 
-from scripts import llama_abi
 from semif_adapter.engine import abi
+from semif_ops.image import abi as llama_abi
+from tests.helpers.sdists import sdist
 
 LLAMA_STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch")
 

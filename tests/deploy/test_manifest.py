@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from deploy_helpers import GEMMA_BYTES, GEMMA_SHA256, REPO_ROOT, manifest_for, write_manifest
 
 from semif_adapter.errors import ModelLoadError
 from semif_adapter.manifest import ModelManifest, load_manifest, verify_model_file
+from tests.helpers.deploy import GEMMA_BYTES, GEMMA_SHA256, REPO_ROOT, manifest_for, write_manifest
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""scripts/package_model.py with the real small GGUF: archive content, checksum refusal, S3 upload (moto)."""
+"""semif-ops model package with the real small GGUF: archive content, checksum refusal, S3 upload (moto)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import boto3
 import pytest
-from deploy_helpers import GEMMA_BYTES, write_manifest
 
-from scripts import package_model
+from semif_ops.model import package as package_model
+from tests.helpers.deploy import GEMMA_BYTES, write_manifest
 
 CALIBRATION = {"version": 1, "method": "temperature", "temperatures": {"choice": 1.3}}
 

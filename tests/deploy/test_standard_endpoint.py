@@ -1,13 +1,13 @@
-"""scripts/deploy_standard_endpoint.py: the stock DLC configured through SM_LLAMA_CPP_* (moto)."""
+"""semif-ops endpoint deploy --stock: the stock DLC configured through SM_LLAMA_CPP_* (moto)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from deploy_helpers import DIGEST
 
-from scripts import deploy_standard_endpoint
+from semif_ops.endpoint import deploy_stock as deploy_standard_endpoint
+from tests.helpers.deploy import DIGEST
 
 DLC = f"763104351884.dkr.ecr.us-east-1.amazonaws.com/llama-cpp@sha256:{DIGEST}"
 ARGS = [

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import engine_settings, engines_under_test
 
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.engine.deadline import Deadline, DeadlineExceeded
 from semif_adapter.engine.llama_backend import BRANCH_SEQ
 from semif_adapter.errors import EngineFailure, TokenBudgetExceeded
 from semif_adapter.throughput import Throughput
+from tests.helpers.support import engine_settings, engines_under_test
 
 BLOCK = 32
 N_CTX = 2048

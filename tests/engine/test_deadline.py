@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from support import engines_under_test
 
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.engine.deadline import DEADLINE, ClientDisconnected, Deadline, DeadlineExceeded
 from semif_adapter.engine.llama_backend import PREFIX_SEQ
 from semif_adapter.protocol import BatchResult, Decision
 from semif_adapter.throughput import Throughput
+from tests.helpers.support import engines_under_test
 
 LONG_STATE = " ".join(
     f"Ticket {i} from the {['north', 'south', 'east', 'west'][i % 4]} office was escalated twice."

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import engine_settings
 
 from semif_adapter.engine import DecisionEngine, llama_backend
 from semif_adapter.errors import DecisionValidationError, EngineFailure, ModelLoadError, TokenBudgetExceeded
+from tests.helpers.support import engine_settings
 
 BASE = {
     "id": "d",

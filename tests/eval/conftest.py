@@ -1,13 +1,13 @@
-"""Fixtures for the eval tests: the devset and a real local stand-in server (see evalserver.py)."""
+"""Fixtures for the eval tests: the devset and a real local stand-in server (tests/helpers/evalserver.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from evalserver import DEVSET, LocalServer, ServerState, oracle_logits, serve
 
 from semif_adapter.eval.tasks import Task, load_tasks
+from tests.helpers.evalserver import DEVSET, LocalServer, ServerState, oracle_logits, serve
 
 
 @pytest.fixture(scope="session")

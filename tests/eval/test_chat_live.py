@@ -11,11 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import REPO_ROOT, free_port
 
 from semif_adapter.eval.runner import run_benchmark
 from semif_adapter.eval.targets import ChatTarget
 from semif_adapter.eval.tasks import load_tasks
+from tests.helpers.support import REPO_ROOT, free_port
 
 DEVSET = REPO_ROOT / "tests" / "data" / "decision-devset.jsonl"
 

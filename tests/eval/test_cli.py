@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from evalserver import DEVSET, LocalServer
 
 from semif_adapter.calibration import Calibration
 from semif_adapter.eval.cli import benchmark_main, calibrate_main
 from semif_adapter.eval.results import RunResult
+from tests.helpers.evalserver import DEVSET, LocalServer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -136,12 +136,14 @@ def test_bad_task_file_is_reported_with_its_line(tmp_path: Path) -> None:
     assert "bad.jsonl:1" in str(info.value.code)
 
 
-def test_script_runs_as_a_program(server: LocalServer, tmp_path: Path) -> None:
+def test_the_package_cli_runs_benchmark_as_a_program(server: LocalServer, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": ""}
     proc = subprocess.run(
         [
             sys.executable,
-            str(REPO / "scripts" / "benchmark.py"),
+            "-m",
+            "semif_adapter",
+            "benchmark",
             str(DEVSET),
             "--url",
             server.url,

@@ -1,6 +1,6 @@
 """The benchmark harness end to end against the project's real server (gemma-270m, live subprocess).
 
-The stand-in server of ``evalserver.py`` proves the arithmetic; this module proves the harness and the
+The stand-in of ``tests/helpers/evalserver.py`` proves the arithmetic; this module proves the harness and the
 server agree on the wire: all 60 devset tasks go through ``/invocations`` and ``/v1/systemone``, every
 one gets a usable answer, the three report files are written and readable, and ``compare`` renders
 both runs. Both protocols score the same decision, so their answers must agree task by task.
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from evalserver import DEVSET
 from matplotlib.image import imread
-from support import LiveServer
 
 from semif_adapter.eval.cli import benchmark_main
 from semif_adapter.eval.results import RunResult
 from semif_adapter.eval.tasks import load_tasks
+from tests.helpers.evalserver import DEVSET
+from tests.helpers.support import LiveServer
 
 PROTOCOLS = ("semif", "systemone")
 N_TASKS = 60

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from evalserver import LocalServer, softmax
 
 from semif_adapter.eval.runner import RetryPolicy, run_benchmark
 from semif_adapter.eval.targets import ChatTarget, HttpTarget
 from semif_adapter.eval.tasks import Task
+from tests.helpers.evalserver import LocalServer, softmax
 
 FAST_RETRY = RetryPolicy(max_attempts=4, base_s=0.01, cap_s=0.05)
 

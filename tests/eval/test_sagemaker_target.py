@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
-from evalserver import softmax
 
 from semif_adapter.eval.mapping import task_to_invocation, task_to_systemone_request
 from semif_adapter.eval.runner import RetryPolicy, run_benchmark
 from semif_adapter.eval.targets import SageMakerTarget
 from semif_adapter.eval.tasks import Task
+from tests.helpers.evalserver import softmax
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from scripts import gpu_bundle, prepare_image_context
+from scripts import gpu_bundle
+from semif_ops.image import context as prepare_image_context
 
 
 def test_the_bundle_fits_the_carry_limit_and_its_manifest_is_true(bundle: dict) -> None:

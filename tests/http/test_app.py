@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from support import engine_settings, fake_model_info, stand_in_batch
 
 from semif_adapter.app import create_app
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.errors import EngineFailure, ModelLoadError
 from semif_adapter.protocol import BatchResult, Decision
+from tests.helpers.support import engine_settings, fake_model_info, stand_in_batch
 
 DECISION = {
     "id": "route",

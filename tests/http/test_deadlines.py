@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from support import LiveServer
 
 from semif_adapter.request_scope import InvalidTimeout, requested_limit
+from tests.helpers.support import LiveServer
 
 DECISION = {
     "id": "route",

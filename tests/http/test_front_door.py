@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from support import engine_settings
 from test_app import DECISION, FakeEngine, _fake_app, _wait_ready
 
 from semif_adapter import app as app_module
@@ -20,6 +19,7 @@ from semif_adapter.auth import on_sagemaker, requires_key
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.engine.deadline import SHUTTING_DOWN, Deadline
 from semif_adapter.errors import ShuttingDown, TokenBudgetExceeded
+from tests.helpers.support import engine_settings
 
 JSONL = {"Content-Type": "application/jsonlines"}
 OTHER = {**DECISION, "id": "urgent", "question": "Is it urgent?", "options": [{"id": "yes"}, {"id": "no"}]}

@@ -1,6 +1,6 @@
 """Fuzzing and hostile input, in-process: no body, however malformed, may produce a 5xx or hurt the server.
 
-The hostile cases (tests/hostile.py) are shared with the live-server suite (tests/contract), which adds
+The hostile cases (tests/helpers/hostile.py) also feed the live-server suite (tests/contract), which adds
 what only a real socket can send: broken HTTP framing.
 """
 
@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from hostile import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from semif_adapter.app import create_app
+from semif_adapter.decision_json import numbered_lines
+from semif_adapter.engine import DecisionEngine
+from semif_adapter.framing import AmbiguousFramingGuard
+from tests.helpers.hostile import (
     DECISION,
     POISONS,
     check_decision_refusal,
@@ -29,14 +36,7 @@ from hostile import (
     systemone_whole_bodies,
     whole_bodies,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from support import engine_settings
-
-from semif_adapter.app import create_app
-from semif_adapter.decision_json import numbered_lines
-from semif_adapter.engine import DecisionEngine
-from semif_adapter.framing import AmbiguousFramingGuard
+from tests.helpers.support import engine_settings
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from hostile import POISONS, clean_documents, decision_body, poisoned_documents
 from hypothesis import given, settings
 
 from semif_adapter.json_reader import INT_MAX, INT_MIN, JsonError, read_json
+from tests.helpers.hostile import POISONS, clean_documents, decision_body, poisoned_documents
 
 # Where each poison is reported inside decision_body(): a path for values that parsed, else a position.
 BY_PATH = {

@@ -1,24 +1,13 @@
-"""What scripts/test_image.py built and started, handed to the image tests through the environment."""
+"""What tests/image/harness.py built and started, handed to the image tests through the environment."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-
-@dataclass(frozen=True)
-class ImageUnderTest:
-    image: str
-    container: str
-    url: str
-    model_dir: Path
-    binding: str  # the llama-cpp-python release whose vendored llama.cpp the stand-in base carries
-    base: str  # the stand-in base image (name@sha256:digest)
-    base_libs: Path  # the stand-in's libllama/libggml directory on this host
-    work_dir: Path
+from tests.helpers.image import ImageUnderTest
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +17,7 @@ def under_test() -> ImageUnderTest:
     missing = [f"SEMIF_TEST_{name}" for name, value in values.items() if not value]
     if missing:
         pytest.fail(
-            f"{', '.join(missing)} not set: run these through scripts/test_image.py (make test-image)"
+            f"{', '.join(missing)} not set: run these through tests/image/harness.py (make test-image)"
         )
     return ImageUnderTest(
         image=values["IMAGE"],

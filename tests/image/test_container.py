@@ -8,11 +8,9 @@ import json
 import time
 from pathlib import Path
 
-from conftest import ImageUnderTest
-from imagectl import exec_in, podman
-from support import LiveServer, start_request_in_engine, thread_nice, wait_for_ping
-
-from scripts.test_image import run_container
+from tests.helpers.image import ImageUnderTest, exec_in, podman
+from tests.helpers.support import LiveServer, start_request_in_engine, thread_nice, wait_for_ping
+from tests.image.harness import run_container
 
 BASE_LIB_DIR = "/opt/llama.cpp/bin"  # where the DLC (and the stand-in) keep libllama, libggml and the plugins
 TOOLCHAIN = ("gcc", "cc", "g++", "c++", "clang", "cpp", "ld", "as", "make", "cmake", "ninja", "zig", "nvcc")

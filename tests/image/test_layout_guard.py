@@ -11,13 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ImageUnderTest
 from deploy.sdists import sdist
-from imagectl import podman
-from support import LiveServer, wait_for_ping
 
-from scripts import _dlc_base
-from scripts.test_image import BROKEN_FIELD, CURRENT_BINDING, podman_build
+from semif_ops.image import dlc_base as _dlc_base
+from tests.helpers.image import ImageUnderTest, podman
+from tests.helpers.support import LiveServer, wait_for_ping
+from tests.image.harness import BROKEN_FIELD, CURRENT_BINDING, podman_build
 
 ROOT = Path(__file__).resolve().parents[2]
 # Fixed decisions, scored in the container and on the host; the options cover 2, 3 and 5 labels.
@@ -90,7 +89,7 @@ def _host_answers(under_test: ImageUnderTest, tmp_path: Path) -> dict[str, list[
         env["PYTHONPATH"] = str(sdist(under_test.binding))  # its llama_cpp package, pure Python
         record = tmp_path / "llama-abi.json"
         headers = sdist(under_test.binding) / "vendor" / "llama.cpp"
-        verify = [sys.executable, str(ROOT / "scripts" / "llama_abi.py"), "verify", "--lib-dir", libs,
+        verify = [sys.executable, str(ROOT / "semif_ops" / "image" / "abi.py"), "verify", "--lib-dir", libs,
                   "--headers", str(headers), "--record", str(record)]
         subprocess.run(verify, env=env, check=True, capture_output=True, text=True)  # fmt: skip
         env["SEMIF_LLAMA_ABI_RECORD"] = str(record)
@@ -119,7 +118,7 @@ def test_another_llama_cpp_without_a_record_is_refused_naming_both(tmp_path: Pat
     """Outside an image: the installed binding (0.3.36) pointed at 0.3.35's libllama, no proven record."""
     libs = os.environ.get("SEMIF_TEST_UNPROVEN_LIBS", "")
     if not Path(libs).is_dir():
-        pytest.fail("SEMIF_TEST_UNPROVEN_LIBS not set: run through scripts/test_image.py")
+        pytest.fail("SEMIF_TEST_UNPROVEN_LIBS not set: run through tests/image/harness.py")
     request = tmp_path / "one.json"
     request.write_text(json.dumps({"decision": DECISIONS[1]}))
     env = {**os.environ, "LD_LIBRARY_PATH": libs, "LLAMA_CPP_LIB_PATH": libs, "GGML_BACKEND_DIR": libs,
@@ -131,7 +130,7 @@ def test_another_llama_cpp_without_a_record_is_refused_naming_both(tmp_path: Pat
     message = done.stderr.strip().splitlines()[-1]
     assert "reports llama.cpp" in message and "commit 4df29be4f" in message
     assert "llama-cpp-python 0.3.36 was written for llama.cpp commit 0c1e57098" in message
-    assert "scripts/llama_abi.py verify" in message and "SEMIF_LLAMA_ABI_RECORD" in message
+    assert "semif-ops image abi verify" in message and "SEMIF_LLAMA_ABI_RECORD" in message
 
 
 def test_a_renamed_engine_field_stops_the_build(under_test: ImageUnderTest) -> None:
@@ -139,7 +138,7 @@ def test_a_renamed_engine_field_stops_the_build(under_test: ImageUnderTest) -> N
     context = Path(os.environ.get("SEMIF_TEST_BROKEN_CONTEXT", ""))
     base = os.environ.get("SEMIF_TEST_BROKEN_BASE", "")
     if not context.is_dir() or not base:
-        pytest.fail("SEMIF_TEST_BROKEN_CONTEXT or _BASE not set: run through scripts/test_image.py")
+        pytest.fail("SEMIF_TEST_BROKEN_CONTEXT or _BASE not set: run through tests/image/harness.py")
     headers = list((context / "docker" / "llama-headers").rglob("llama.h"))
     assert len(headers) == 1 and BROKEN_FIELD[1] in headers[0].read_text()
     log_path = under_test.work_dir / "build-broken-header.log"

@@ -9,7 +9,6 @@ import httpx2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import stand_in_result as result
 from typesafe_sdk import ChoiceAnswer as SdkChoice
 from typesafe_sdk import NoulAnswer as SdkNoul
 from typesafe_sdk import ScoreAnswer as SdkScore
@@ -19,6 +18,7 @@ from semif_adapter.errors import EngineFailure
 from semif_adapter.systemone.answers import answer_for, choice_confidence, score_confidence
 from semif_adapter.systemone.convert import parse_question
 from semif_adapter.systemone.protocol import SystemOneResponse, Usage
+from tests.helpers.support import stand_in_result as result
 
 TOL = 1e-9
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from s1_helpers import NOUL, STATE
-from support import stand_in_batch as uniform_batch
-from support import stand_in_result as result
 
 from semif_adapter.app import create_app
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.protocol import BatchResult, Decision
 from semif_adapter.settings import Settings
+from tests.helpers.support import stand_in_batch as uniform_batch
+from tests.helpers.support import stand_in_result as result
+from tests.helpers.systemone import NOUL, STATE
 
 KEY = "s3cret-key"
 BODY = {"model": "jev-latest", "state": STATE, "questions": {"b": NOUL}}

@@ -8,7 +8,8 @@ import re
 
 import httpx
 import zstandard
-from s1_helpers import CHOICE, NOUL, SCORE, STATE, answers, ask, check_answer, strict_json
+
+from tests.helpers.systemone import CHOICE, NOUL, SCORE, STATE, answers, ask, check_answer, strict_json
 
 ALL = {"billing": NOUL, "tone": CHOICE, "urgency": SCORE}
 

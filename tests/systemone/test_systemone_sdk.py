@@ -15,7 +15,6 @@ import boto3
 import pytest
 from botocore.response import StreamingBody
 from botocore.stub import Stubber
-from s1_helpers import CHOICE, NOUL, SCORE, STATE, check_answer
 from typesafe_sdk import (
     Choice,
     Noul,
@@ -28,6 +27,7 @@ from typesafe_sdk import (
 )
 
 from semif_adapter.systemone.sagemaker_transport import SageMakerTransport
+from tests.helpers.systemone import CHOICE, NOUL, SCORE, STATE, check_answer
 
 NO_RETRY = RetryPolicy(max_retries=0)
 TIMEOUT = 120.0  # 2 shared cores: the SDK default of 10 s is too short under parallel test load

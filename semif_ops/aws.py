@@ -1,6 +1,6 @@
-"""Shared AWS helpers for the operator scripts: sessions, clients, digest-pinned image URIs, waiting.
+"""Shared AWS helpers for the operator commands: sessions, clients, digest-pinned image URIs, waiting.
 
-Every script obtains boto3 clients through :func:`client`, so tests can record or stub calls in one place.
+Every command obtains boto3 clients through :func:`client`, so tests can record or stub calls in one place.
 """
 
 from __future__ import annotations
@@ -18,15 +18,13 @@ from botocore.client import BaseClient
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from semif_ops.errors import UsageError as UsageError  # raised here, caught as aws.UsageError
+
 DIGEST_URI = re.compile(r"^(?P<repo>[a-z0-9][a-z0-9._/-]*[a-z0-9])@sha256:(?P<digest>[0-9a-f]{64})$")
 S3_MODEL_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<key>.+\.tar\.gz)$")
 S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<key>.*))?$")
 SNS_TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?$")
 ENDPOINT_NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
-
-
-class UsageError(Exception):
-    """Bad operator input detected before (or instead of) any AWS call; printed as one line."""
 
 
 def new_session(region: str | None = None, profile: str | None = None) -> boto3.session.Session:
@@ -68,7 +66,7 @@ def parse_digest_uri(uri: str) -> ImageRef:
         )
     raise UsageError(
         f"image {uri!r} is not pinned by digest: tags are mutable, so deployments take only "
-        "'<repository>@sha256:<64 hex>' (scripts/build_image.py prints it)"
+        "'<repository>@sha256:<64 hex>' (semif-ops image build prints it)"
     )
 
 

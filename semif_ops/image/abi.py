@@ -8,9 +8,9 @@ the middle of a struct (``lazy_mode`` in ``llama_model_params``), and a struct p
 shape gives garbage or a crash, so the image build runs this before it records anything.
 
     # compare a header with a binding, no library needed (unit tests, a quick look at a release):
-    python scripts/llama_abi.py compare --headers vendor/llama.cpp --binding path/to/llama_cpp
+    semif-ops image abi compare --headers vendor/llama.cpp --binding path/to/llama_cpp
     # image build: load the base's libllama, prove the layout, record the verified pair:
-    python scripts/llama_abi.py verify --lib-dir /opt/semif/llama-lib --headers auto \
+    semif-ops image abi verify --lib-dir /opt/semif/llama-lib --headers auto \
         --expect-version 0.4.1 --record /opt/semif/llama-abi.json
 
 ``--headers`` takes a llama.cpp source tree, a release tarball (.tar.gz), a directory holding llama.h and
@@ -34,16 +34,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-try:
-    from semif_adapter.engine import abi, binding
-except ModuleNotFoundError:  # run as a file from a checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from semif_adapter.engine import abi, binding
+from semif_adapter.engine import abi, binding
 
 # Structs crossing the C boundary by value in calls the engine makes: llama_model_load_from_file,
 # llama_init_from_model, llama_*_default_params (returned), llama_batch_init (returned), llama_decode.
 STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch")
-PREPARED_HEADERS = Path(__file__).resolve().parents[1] / "docker" / "llama-headers"
+PREPARED_HEADERS = Path(__file__).resolve().parents[2] / "docker" / "llama-headers"
 SEARCH_ROOTS = ("/usr/local/include", "/usr/include", "/app", "/opt", "/usr/local", "/usr/lib", "/usr/lib64")
 
 
@@ -78,7 +74,7 @@ def _cmake_version(tree: Path) -> str | None:
 
 
 def _version_file(directory: Path) -> tuple[str | None, str | None]:
-    """VERSION.json (written by prepare_image_context.py), else a bare COMMIT file beside the sources."""
+    """VERSION.json (written by semif-ops image context), else a bare COMMIT file beside the sources."""
     meta = directory / "VERSION.json"
     if meta.is_file():
         data = json.loads(meta.read_text(encoding="utf-8"))
@@ -89,7 +85,7 @@ def _version_file(directory: Path) -> tuple[str | None, str | None]:
 
 def resolve_headers(source: Path, scratch: Path) -> Headers:
     """Headers from a source tree, a tarball or a flat include directory."""
-    source = Path(source)
+    source = origin = Path(source)
     if source.is_file() and source.name.endswith((".tar.gz", ".tgz", ".tar.xz", ".tar")):
         with tarfile.open(source) as archive:
             members = [
@@ -111,6 +107,13 @@ def resolve_headers(source: Path, scratch: Path) -> Headers:
         )
     if (source / "llama.h").is_file() and (source / "ggml.h").is_file():
         return Headers((source,), source / "llama.h", version, commit, f"include directory {source}")
+    vendored = source / "vendor" / "llama.cpp"
+    if (vendored / "include" / "llama.h").is_file():  # an easy mistake: the binding's sdist, not llama.cpp
+        where = vendored if origin.is_dir() else f"<unpacked {origin.name}>/{vendored.relative_to(source)}"
+        raise AbiError(
+            f"llama.cpp headers: {origin} is a llama-cpp-python sdist, which vendors llama.cpp one folder "
+            f"down; pass {where} instead (or a llama.cpp release .tar.gz)"
+        )
     raise AbiError(
         f"llama.cpp headers: {source} holds no llama.h with ggml.h (tree: include/ + ggml/include/)"
     )
@@ -472,9 +475,9 @@ def cmd_verify(args: argparse.Namespace, scratch: Path) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
     cmp_ = sub.add_parser("compare", help="header vs binding, no library")

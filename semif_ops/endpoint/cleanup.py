@@ -1,39 +1,53 @@
 """Delete an endpoint's autoscaling, the endpoint, its endpoint config and its model(s); list what is left.
 
-Autoscaling goes first (scaling policies with their alarms, then the scalable target), so nothing tries to
-scale an endpoint that is being deleted and no stale target or alarm outlives it. Already-deleted pieces
-are skipped, so the script can be re-run after a partial failure. The endpoint is deleted and waited for
+Autoscaling goes first (the step policies' alarms, the scaling policies, then the scalable target), so
+nothing tries to scale an endpoint that is being deleted and no stale target or alarm outlives it. AWS wants
+it gone before DeleteEndpoint, so without the rights to remove it the command stops, naming the missing
+permission, and deletes nothing more. Already-deleted pieces are skipped, so the command can be re-run
+after a partial failure. The endpoint is deleted and waited for
 before its config and models, because a config or model still in use cannot be removed.
 
-    python scripts/cleanup_endpoint.py --endpoint semif-qwen
+    semif-ops endpoint cleanup --endpoint semif-qwen
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-try:
-    from scripts import _aws, autoscale_endpoint
-except ModuleNotFoundError:  # run as a file: python scripts/cleanup_endpoint.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _aws, autoscale_endpoint
-
+from semif_ops import aws
+from semif_ops.endpoint.autoscaling import remove_scaling
+from semif_ops.endpoint.sagemaker import VARIANT
 
 ACCESS_DENIED = {"AccessDenied", "AccessDeniedException"}
+# The IAM action prefix of each autoscaling call cleanup makes; the rest are application-autoscaling's.
+CLOUDWATCH_CALLS = {"DescribeAlarms", "DeleteAlarms"}
+SCALING_PERMISSIONS = (
+    "application-autoscaling:DescribeScalingPolicies, DeleteScalingPolicy, DescribeScalableTargets, "
+    "DeregisterScalableTarget and cloudwatch:DescribeAlarms, DeleteAlarms"
+)
+
+
+def missing_permission(exc: ClientError, endpoint: str) -> aws.UsageError:
+    """The refusal of an autoscaling call as one line naming the IAM action to grant."""
+    operation = exc.operation_name
+    action = f"{'cloudwatch' if operation in CLOUDWATCH_CALLS else 'application-autoscaling'}:{operation}"
+    return aws.UsageError(
+        f"not allowed to call {action} ({aws.error_code(exc)}), so {endpoint} was not deleted: AWS "
+        f"requires an endpoint's autoscaling removed before DeleteEndpoint; grant {action} (cleanup uses "
+        f"{SCALING_PERMISSIONS}) and re-run"
+    )
 
 
 def _missing_ok(call: Callable[[], Any]) -> Any | None:
     try:
         return call()
     except ClientError as exc:
-        if _aws.is_not_found(exc):
+        if aws.is_not_found(exc):
             return None
         raise
 
@@ -55,7 +69,7 @@ def variants_of(described: dict[str, Any] | None, config: dict[str, Any] | None)
         names = [v["VariantName"] for v in (source or {}).get("ProductionVariants", [])]
         if names:
             return list(dict.fromkeys(names))
-    return [autoscale_endpoint.VARIANT]
+    return [VARIANT]
 
 
 def cleanup(
@@ -83,14 +97,13 @@ def cleanup(
     if autoscaling is not None:
         for variant in variants_of(described, config):
             try:
-                done += autoscale_endpoint.remove_scaling(
+                done += remove_scaling(
                     autoscaling, cloudwatch, endpoint=endpoint, variant=variant
                 )
             except ClientError as exc:
-                # Without autoscaling rights the endpoint must still go: it is what bills.
-                if _aws.error_code(exc) not in ACCESS_DENIED:
-                    raise
-                done.append(f"autoscaling of {endpoint}/{variant} not checked: {_aws.describe(exc)}")
+                if aws.error_code(exc) in ACCESS_DENIED:
+                    raise missing_permission(exc, endpoint) from exc
+                raise
     if described:
         sm.delete_endpoint(EndpointName=endpoint)
 
@@ -98,7 +111,7 @@ def cleanup(
             current = _missing_ok(lambda: sm.describe_endpoint(EndpointName=endpoint))
             return current is None, "deleted" if current is None else str(current["EndpointStatus"])
 
-        _aws.wait_until(
+        aws.wait_until(
             gone, timeout_s=timeout_s, interval_s=interval_s, describe=f"delete {endpoint}", sleep=sleep
         )
         done.append(f"deleted endpoint {endpoint}")
@@ -131,19 +144,19 @@ def remaining(sm: Any, name: str) -> list[str]:
     return left
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--endpoint-config", help="config to delete if the endpoint is already gone")
     parser.add_argument("--model", action="append", default=[], help="model(s) to delete as well")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--poll", type=float, default=15)
-    _aws.add_session_args(parser)
+    aws.add_session_args(parser)
     args = parser.parse_args(argv)
     try:
-        sm = _aws.client("sagemaker", region=args.region, profile=args.profile)
+        sm = aws.client("sagemaker", region=args.region, profile=args.profile)
         for line in cleanup(
             sm,
             args.endpoint,
@@ -151,15 +164,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             models=list(args.model),
             timeout_s=args.timeout,
             interval_s=args.poll,
-            autoscaling=_aws.client("application-autoscaling", region=args.region, profile=args.profile),
-            cloudwatch=_aws.client("cloudwatch", region=args.region, profile=args.profile),
+            autoscaling=aws.client("application-autoscaling", region=args.region, profile=args.profile),
+            cloudwatch=aws.client("cloudwatch", region=args.region, profile=args.profile),
         ):
             print(line)
         left = remaining(sm, args.endpoint)
     except ClientError as exc:
-        return _aws.fail(f"AWS: {exc}")
-    except TimeoutError as exc:
-        return _aws.fail(str(exc))
+        return aws.fail(f"AWS: {exc}")
+    except (aws.UsageError, TimeoutError) as exc:
+        return aws.fail(str(exc))
     print("remaining: " + ("; ".join(left) if left else f"nothing named *{args.endpoint}*"))
     return 0
 

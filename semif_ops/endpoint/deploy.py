@@ -6,18 +6,18 @@ SageMaker tries in priority order when capacity is short (ProductionVariant.Inst
 
 With --async the endpoint is asynchronous (AsyncInferenceConfig): requests are read from S3, queued, run
 one at a time per instance for up to --invocation-timeout seconds (SageMaker allows 3600), and the answers are
-written to --output-s3; invoke it with invoke_endpoint.py --async. The container's own request deadline
+written to --output-s3; invoke it with semif-ops endpoint invoke --async. The container's own request deadline
 (SEMIF_REQUEST_TIMEOUT_S) is set 5 s short of the invocation timeout unless --request-timeout-s says
 otherwise (0 = no deadline of its own).
 
-Endpoints bill per instance-hour until deleted: run cleanup_endpoint.py when done.
+Endpoints bill per instance-hour until deleted: run semif-ops endpoint cleanup when done.
 
-    python scripts/deploy_endpoint.py --name semif-qwen \
+    semif-ops endpoint deploy --name semif-qwen \
         --role-arn arn:aws:iam::123456789012:role/SageMakerRole \
         --image 123456789012.dkr.ecr.us-east-1.amazonaws.com/semif-adapter-gpu@sha256:<64 hex> \
         --model-data s3://my-bucket/semif/qwen/model.tar.gz --instance-pool ml.g6.xlarge,ml.g5.xlarge --wait
 
-    python scripts/deploy_endpoint.py --name semif-qwen-async ... --instance-type ml.c7i.2xlarge \
+    semif-ops endpoint deploy --name semif-qwen-async ... --instance-type ml.c7i.2xlarge \
         --async --output-s3 s3://my-bucket/semif/async-out --invocation-timeout 1800
 """
 
@@ -25,24 +25,17 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-try:
-    from scripts import _aws
-except ModuleNotFoundError:  # run as a file: python scripts/deploy_endpoint.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _aws
+from semif_ops import aws
+from semif_ops.endpoint.sagemaker import ROLE_ARN, VARIANT, create_model
 
-ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/.+$")
 NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,40}$")
 MAX_POOLS = 5
-VARIANT = "AllTraffic"
 SETTING_FLAGS = {  # option dest -> container environment variable
     "threads": "SEMIF_N_THREADS",
     "gpu_layers": "SEMIF_N_GPU_LAYERS",
@@ -103,27 +96,6 @@ def production_variant(
     return variant
 
 
-def create_model(
-    sm: Any,
-    *,
-    name: str,
-    image: _aws.ImageRef,
-    model_data: str,
-    role_arn: str,
-    environment: dict[str, str],
-    tags: list[dict[str, str]],
-    network_isolation: bool = True,
-) -> None:
-    """CreateModel with the digest-pinned image (shared with batch_transform.py)."""
-    sm.create_model(
-        ModelName=name,
-        ExecutionRoleArn=role_arn,
-        PrimaryContainer={"Image": image.uri, "ModelDataUrl": model_data, "Environment": environment},
-        EnableNetworkIsolation=network_isolation,
-        Tags=tags,
-    )
-
-
 def async_inference_config(
     *, output_s3: str, failure_s3: str | None, success_topic: str | None, error_topic: str | None
 ) -> dict[str, Any]:
@@ -142,7 +114,7 @@ def deploy(
     sm: Any,
     *,
     endpoint: str,
-    image: _aws.ImageRef,
+    image: aws.ImageRef,
     model_data: str,
     role_arn: str,
     environment: dict[str, str],
@@ -194,14 +166,14 @@ def wait_in_service(
         reason = str(described.get("FailureReason", ""))
         return status in {"InService", "Failed", "OutOfService"}, status
 
-    status = _aws.wait_until(
+    status = aws.wait_until(
         poll, timeout_s=timeout_s, interval_s=interval_s, describe=f"endpoint {endpoint}", sleep=sleep
     )
     return status, reason
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared with deploy_standard_endpoint.py."""
+    """Options shared with semif-ops endpoint deploy --stock."""
     parser.add_argument("--name", required=True, help="endpoint name (model/config get a time suffix)")
     parser.add_argument("--image", required=True, help="<repo>@sha256:<64 hex> (tags are refused)")
     parser.add_argument("--model-data", required=True, help="s3://bucket/key/model.tar.gz")
@@ -221,36 +193,36 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", action="store_true", help="follow the endpoint until InService/Failed")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait with --wait")
     parser.add_argument("--poll", type=float, default=30, help="seconds between status checks")
-    _aws.add_session_args(parser)
+    aws.add_session_args(parser)
 
 
-def validate_common(args: argparse.Namespace) -> tuple[_aws.ImageRef, dict[str, str]]:
+def validate_common(args: argparse.Namespace) -> tuple[aws.ImageRef, dict[str, str]]:
     """Every check that needs no AWS call; raises UsageError."""
-    image = _aws.parse_digest_uri(args.image)
-    _aws.parse_model_data(args.model_data)
+    image = aws.parse_digest_uri(args.image)
+    aws.parse_model_data(args.model_data)
     if not ROLE_ARN.fullmatch(args.role_arn):
-        raise _aws.UsageError(f"--role-arn {args.role_arn!r} is not an IAM role ARN")
+        raise aws.UsageError(f"--role-arn {args.role_arn!r} is not an IAM role ARN")
     if not NAME.fullmatch(args.name):
-        raise _aws.UsageError(f"--name {args.name!r}: letters, digits and hyphens, at most 41 characters")
+        raise aws.UsageError(f"--name {args.name!r}: letters, digits and hyphens, at most 41 characters")
     for flag, value, low, high in (
         ("--startup-timeout", args.startup_timeout, 60, 3600),
         ("--download-timeout", args.download_timeout, 60, 3600),
         ("--provision-timeout", args.provision_timeout, 300, 3600),
     ):
-        _aws.check_range(flag, value, low, high, " seconds")
+        aws.check_range(flag, value, low, high, " seconds")
     if args.provision_timeout and not args.instance_pool:
-        raise _aws.UsageError("--provision-timeout applies to --instance-pool only")
+        raise aws.UsageError("--provision-timeout applies to --instance-pool only")
     if args.instance_count < 1:
-        raise _aws.UsageError("--instance-count must be at least 1")
+        raise aws.UsageError("--instance-count must be at least 1")
     if getattr(args, "max_body_bytes", None) is not None and args.max_body_bytes < 1024:
-        raise _aws.UsageError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
-    return image, _aws.env_pairs(args.env)
+        raise aws.UsageError(f"--max-body-bytes must be at least 1024, got {args.max_body_bytes}")
+    return image, aws.env_pairs(args.env)
 
 
 def run(
     args: argparse.Namespace,
     environment: dict[str, str],
-    image: _aws.ImageRef,
+    image: aws.ImageRef,
     async_config: dict[str, Any] | None = None,
 ) -> int:
     """Deploy (and optionally wait); shared by both deploy scripts."""
@@ -265,7 +237,7 @@ def run(
     )
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     try:
-        sm = _aws.client("sagemaker", region=args.region, profile=args.profile)
+        sm = aws.client("sagemaker", region=args.region, profile=args.profile)
         model_name, config_name = deploy(
             sm,
             endpoint=args.name,
@@ -281,27 +253,27 @@ def run(
         if async_config:
             print(
                 f"asynchronous: answers go to {async_config['OutputConfig']['S3OutputPath']}; invoke with "
-                f"python scripts/invoke_endpoint.py --async --endpoint {args.name} "
+                f"semif-ops endpoint invoke --async --endpoint {args.name} "
                 f"--input-s3 s3://<bucket>/<prefix> --invocation-timeout {args.invocation_timeout} "
                 "--request <file>"
             )
-        print("billing runs until deleted: python scripts/cleanup_endpoint.py --endpoint " + args.name)
+        print("billing runs until deleted: semif-ops endpoint cleanup --endpoint " + args.name)
         if not args.wait:
             return 0
         status, reason = wait_in_service(sm, args.name, timeout_s=args.timeout, interval_s=args.poll)
     except ClientError as exc:
-        return _aws.fail(f"AWS: {exc}")
+        return aws.fail(f"AWS: {exc}")
     except TimeoutError as exc:
-        return _aws.fail(str(exc))
+        return aws.fail(str(exc))
     if status != "InService":
-        return _aws.fail(f"endpoint {args.name} is {status}: {reason or 'no failure reason given'}")
+        return aws.fail(f"endpoint {args.name} is {status}: {reason or 'no failure reason given'}")
     print(f"endpoint {args.name} is InService")
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_common_arguments(parser)
     parser.add_argument("--threads", type=int, help="SEMIF_N_THREADS (default: all cores)")
@@ -323,10 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         image, extra = validate_common(args)
         async_config = validate_async(args)
-    except _aws.UsageError as exc:
-        return _aws.fail(str(exc))
+    except aws.UsageError as exc:
+        return aws.fail(str(exc))
     environment = {
-        env: _aws.env_value(getattr(args, dest))
+        env: aws.env_value(getattr(args, dest))
         for dest, env in SETTING_FLAGS.items()
         if getattr(args, dest) is not None
     }
@@ -347,7 +319,7 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> None:
         "--invocation-timeout",
         type=int,
         help=f"seconds one async request may run, 1-{ASYNC_MAX_TIMEOUT_S} "
-        f"(default {ASYNC_DEFAULT_TIMEOUT_S}); pass the same value to invoke_endpoint.py --async",
+        f"(default {ASYNC_DEFAULT_TIMEOUT_S}); pass the same value to semif-ops endpoint invoke --async",
     )
 
 
@@ -356,22 +328,22 @@ def validate_async(args: argparse.Namespace) -> dict[str, Any] | None:
     if not args.async_mode:
         given = [f"--{name.replace('_', '-')}" for name in ASYNC_FLAGS if getattr(args, name) is not None]
         if given:
-            raise _aws.UsageError(f"{', '.join(given)} apply to --async only")
+            raise aws.UsageError(f"{', '.join(given)} apply to --async only")
         if args.request_timeout_s is not None:
-            _aws.check_range("--request-timeout-s", args.request_timeout_s, 1, REALTIME_LIMIT_S, " seconds")
+            aws.check_range("--request-timeout-s", args.request_timeout_s, 1, REALTIME_LIMIT_S, " seconds")
         return None
     if not args.output_s3:
-        raise _aws.UsageError("--async needs --output-s3 s3://<bucket>/<prefix> for the answers")
-    _aws.parse_s3_uri(args.output_s3, "--output-s3")
+        raise aws.UsageError("--async needs --output-s3 s3://<bucket>/<prefix> for the answers")
+    aws.parse_s3_uri(args.output_s3, "--output-s3")
     if args.failure_s3:
-        _aws.parse_s3_uri(args.failure_s3, "--failure-s3")
+        aws.parse_s3_uri(args.failure_s3, "--failure-s3")
     for flag, arn in (("--notify-sns", args.notify_sns), ("--notify-error-sns", args.notify_error_sns)):
         if arn:
-            _aws.check_sns_topic(arn, flag)
+            aws.check_sns_topic(arn, flag)
     if args.invocation_timeout is None:
         args.invocation_timeout = ASYNC_DEFAULT_TIMEOUT_S
-    _aws.check_range("--invocation-timeout", args.invocation_timeout, 1, ASYNC_MAX_TIMEOUT_S, " seconds")
-    args.request_timeout_s = _aws.container_deadline(args.request_timeout_s, args.invocation_timeout)
+    aws.check_range("--invocation-timeout", args.invocation_timeout, 1, ASYNC_MAX_TIMEOUT_S, " seconds")
+    args.request_timeout_s = aws.container_deadline(args.request_timeout_s, args.invocation_timeout)
     return async_inference_config(
         output_s3=args.output_s3,
         failure_s3=args.failure_s3,

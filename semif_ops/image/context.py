@@ -12,7 +12,7 @@ Writes, beside the Dockerfiles (gitignored):
   ``--llama-source``, a llama.cpp source tree or release tarball, for bases that ship no headers (the DLC
   ships none); one set per llama.cpp, the build picks the one its library reports.
 
-    python scripts/prepare_image_context.py --python 3.12 --arch x86_64 \
+    semif-ops image context --python 3.12 --arch x86_64 \
         --llama-source llama.cpp-b10964.tar.gz --llama-version 0.4.1 --llama-commit <ggml_commit()>
 """
 
@@ -33,13 +33,9 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-try:
-    from scripts import llama_abi
-except ModuleNotFoundError:  # run as a file
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import llama_abi
+from semif_ops.image import abi
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BINDING_VERSION = "0.3.36"
 PIP_VERSION = "25.3"
 ZIGLANG_VERSION = "0.17.1"
@@ -135,7 +131,7 @@ def write_headers(source: Path, root: Path, version: str | None, commit: str | N
     reports, so one context serves several DLC digests.
     """
     with tempfile.TemporaryDirectory(prefix="llama-src-") as scratch:
-        headers = llama_abi.resolve_headers(source, Path(scratch))
+        headers = abi.resolve_headers(source, Path(scratch))
         meta = {
             "version": version or headers.version,
             "commit": commit or headers.commit,
@@ -155,9 +151,9 @@ def write_headers(source: Path, root: Path, version: str | None, commit: str | N
     return {**meta, "path": str(target)}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--python", default="3.12", help="the base image's Python major.minor (DLC: 3.12)")
     parser.add_argument("--arch", default=platform.machine(), choices=("x86_64", "aarch64"))
@@ -172,6 +168,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clean-headers", action="store_true", help="drop header sets prepared before")
     args = parser.parse_args(argv)
 
+    # Headers first: a wrong --llama-source is refused before minutes of wheel downloads.
+    version, commit = args.llama_version, args.llama_commit
+    headers_dir = args.out / "llama-headers"
+    if args.clean_headers and headers_dir.exists():
+        shutil.rmtree(headers_dir)
+    if args.llama_source:
+        meta = write_headers(args.llama_source, headers_dir, version, commit)
+        version, commit = meta["version"], meta["commit"]
+        print(f"headers: {meta['path']} (llama.cpp {version}, commit {commit or 'unknown'})")
+
     wheelhouse = args.out / "wheelhouse"
     if wheelhouse.exists():
         shutil.rmtree(wheelhouse)
@@ -181,15 +187,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     download_runtime(wheelhouse, args.python, args.arch)
     shutil.copy(bindings_only_wheel(), wheelhouse)
     build_backend(wheelhouse, args.python, args.arch)
-
-    version, commit = args.llama_version, args.llama_commit
-    headers_dir = args.out / "llama-headers"
-    if args.clean_headers and headers_dir.exists():
-        shutil.rmtree(headers_dir)
-    if args.llama_source:
-        meta = write_headers(args.llama_source, headers_dir, version, commit)
-        version, commit = meta["version"], meta["commit"]
-        print(f"headers: {meta['path']} (llama.cpp {version}, commit {commit or 'unknown'})")
     context = {
         "python": args.python,
         "arch": args.arch,

@@ -2,7 +2,8 @@
 
 The real base cannot be pulled here, so this makes an image that is no kinder than it: a Linux root
 filesystem whose ``PATH`` holds exactly the commands of the Amazon Linux 2023 container image plus the DLC's
-additions (``scripts/_dlc_base.py``: no ``find``, ``xargs``, ``which``, ``tar``, ``gzip``, ``ps``, ``perl``),
+additions (``semif_ops/image/dlc_base.py``: no ``find``, ``xargs``, ``which``, ``tar``, ``gzip``, ``ps``,
+``perl``),
 one Python 3 (``python3``, ``python``), and llama.cpp built as shared libraries with ``GGML_BACKEND_DL=ON``
 (CPU backends as runtime-loaded ``libggml-cpu-<variant>.so`` plugins) in ``/opt/llama.cpp/bin``; it runs as
 root with the DLC's environment and ``ENTRYPOINT ["/usr/bin/serve"]``. Like the DLC it ships no llama.cpp
@@ -17,7 +18,7 @@ root filesystem (keyed by archive, suite and package list) and the compiled libr
 sdist's sha256 and the build flags). The image is imported with ``podman import`` and printed as
 ``<name>@sha256:<digest>``, the form ``Dockerfile.cpu`` requires for ``BASE_IMAGE``.
 
-    python scripts/dlc_standin.py --binding-version 0.3.36
+    python -m tests.image.dlc_standin --binding-version 0.3.36
 """
 
 from __future__ import annotations
@@ -38,14 +39,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-try:
-    from scripts import _dlc_base
-except ModuleNotFoundError:  # run as a file: python scripts/dlc_standin.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _dlc_base
+from semif_ops.image import dlc_base
 
 IMAGE_NAME = "localhost/semif-dlc-standin"
-LIB_DIR = _dlc_base.LIB_DIR  # where the DLC copies llama.cpp's build/bin (binaries and .so files)
+LIB_DIR = dlc_base.LIB_DIR  # where the DLC copies llama.cpp's build/bin (binaries and .so files)
 # Debian's counterparts of what the DLC's runtime stage has (AL2023 container image + its dnf additions).
 ROOTFS_PACKAGES = (
     "python3", "python3-pip", "python3-venv", "libgomp1", "ca-certificates", "gawk", "curl", "libopenblas0",
@@ -79,7 +76,7 @@ CMAKE_FLAGS = (
     "-DGIT_EXE=OFF",
 )
 # The DLC's runtime environment (its Dockerfile sets these; the child image must not depend on more).
-IMAGE_ENV = dict(_dlc_base.ENV)
+IMAGE_ENV = dict(dlc_base.ENV)
 
 
 def cache_root() -> Path:
@@ -203,7 +200,7 @@ def fetch_sdist(version: str, cache: Path) -> Path:
 
 
 def strip_to_base(root: Path) -> list[str]:
-    """Leave on PATH only what the DLC's base has (``_dlc_base.allowed``); returns what was removed.
+    """Leave on PATH only what the DLC's base has (``dlc_base.allowed``); returns what was removed.
 
     Debian's /bin and /sbin are links into /usr (merged /usr), so each real directory is visited once.
     ``sh`` becomes bash and ``awk`` gawk, as on Amazon Linux; ``python`` and ``pip`` point at the one Python.
@@ -218,7 +215,7 @@ def strip_to_base(root: Path) -> list[str]:
         for entry in sorted(directory.iterdir()):
             if entry.is_dir() and not entry.is_symlink():
                 continue
-            if not _dlc_base.allowed(entry.name):
+            if not dlc_base.allowed(entry.name):
                 entry.unlink()
                 removed.append(f"/{name}/{entry.name}")
     usr_bin = root / "usr" / "bin"
@@ -251,7 +248,7 @@ def build_rootfs(source: AptSource, suite: str, cache: Path) -> Path:
     """A minimal Debian root filesystem stripped to the DLC base's commands, as a plain tar (cached)."""
     arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout
     key = short_key(
-        source.uri, suite, arch.strip(), ROOTFS_PACKAGES, sorted(_dlc_base.COMMANDS), SERVE_SCRIPT
+        source.uri, suite, arch.strip(), ROOTFS_PACKAGES, sorted(dlc_base.COMMANDS), SERVE_SCRIPT
     )
     tar_path = cache / "rootfs" / f"{suite}-{key}.tar"
     if tar_path.is_file():
@@ -402,7 +399,7 @@ def import_image(rootfs: Path, libs: Path, tag: str, labels: dict[str, str], cac
                         archive.addfile(info, handle)
         changes = [f"ENV {name}={value}" for name, value in IMAGE_ENV.items()]
         changes += [f"LABEL {name}={value}" for name, value in labels.items()]
-        changes += ["USER root", f'ENTRYPOINT ["{_dlc_base.ENTRYPOINT}"]']
+        changes += ["USER root", f'ENTRYPOINT ["{dlc_base.ENTRYPOINT}"]']
         args = ["import", "--quiet"]
         for change in changes:
             args += ["--change", change]

@@ -1,4 +1,4 @@
-"""Static rules for this project's Dockerfiles, shared by ``scripts/check_dockerfiles.py`` and the tests.
+"""Static rules for this project's Dockerfiles, shared by ``semif-ops image check`` and the tests.
 
 hadolint covers general hygiene; these rules cover what deployment relies on: every base is pinned by digest
 (tags are mutable, so a rebuild could silently change llama.cpp), the final stage runs as a non-root user,
@@ -13,11 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-try:
-    from scripts import _dlc_base, _shell_commands
-except ModuleNotFoundError:  # imported by a script run as a file (scripts/ on sys.path)
-    import _dlc_base  # type: ignore[no-redef]
-    import _shell_commands  # type: ignore[no-redef]
+from semif_ops.image import dlc_base, shell_commands
 
 ENTRYPOINT = "/usr/local/bin/semif-entrypoint"
 DIGEST_REF = re.compile(r"^[a-z0-9][a-z0-9._/-]*(?::[0-9]+/[a-z0-9._/-]+)?@sha256:[0-9a-f]{64}$")
@@ -210,24 +206,24 @@ def check_file(path: Path) -> list[Finding]:
 
 
 def command_problems(script: str, where: str) -> list[str]:
-    """Commands in ``script`` that the DLC's base does not have (see scripts/_dlc_base.py)."""
-    defined = _shell_commands.functions(script)
+    """Commands in ``script`` that the DLC's base does not have (see semif_ops/image/dlc_base.py)."""
+    defined = shell_commands.functions(script)
     problems: list[str] = []
-    for call in _shell_commands.calls(script):
+    for call in shell_commands.calls(script):
         name = call.name
         variable = re.fullmatch(r"\$\{?([A-Za-z_@][A-Za-z0-9_]*|@)\}?", name)
         if variable:
             if variable[1] not in VOUCHED_VARIABLES:
                 problems.append(f"{where}: runs the command held in ${variable[1]}, which cannot be checked")
             continue
-        if name in _shell_commands.BUILTINS or name in defined or name.startswith(PROJECT_PATHS):
+        if name in shell_commands.BUILTINS or name in defined or name.startswith(PROJECT_PATHS):
             continue
-        if _dlc_base.allowed(name.rsplit("/", 1)[-1]) and (
+        if dlc_base.allowed(name.rsplit("/", 1)[-1]) and (
             "/" not in name or name.startswith(("/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/"))
         ):
             continue
         hint = " (not in the Amazon Linux 2023 base: use Python or a shell builtin)"
-        problems.append(f"{where}: calls '{name}'{hint if name in _dlc_base.ABSENT else ''}, which the "
+        problems.append(f"{where}: calls '{name}'{hint if name in dlc_base.ABSENT else ''}, which the "
                         "DLC's base does not have")
     return list(dict.fromkeys(problems))
 

@@ -5,8 +5,8 @@ needs the optional huggingface_hub: pip install 'semif-adapter[hub]'). Its size 
 manifest or nothing is written. An existing output is only replaced with --force. --upload copies the result
 to S3.
 
-    python scripts/package_model.py --gguf ~/models/Qwen_Qwen3.5-4B-Q4_K_M.gguf --output build/model.tar.gz
-    python scripts/package_model.py --download --upload s3://my-bucket/semif/qwen3.5-4b/model.tar.gz
+    semif-ops model package --gguf ~/models/Qwen_Qwen3.5-4B-Q4_K_M.gguf --output build/model.tar.gz
+    semif-ops model package --download --upload s3://my-bucket/semif/qwen3.5-4b/model.tar.gz
 """
 
 from __future__ import annotations
@@ -14,24 +14,18 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import sys
 import tarfile
 import time
 from collections.abc import Callable, Sequence
 from hashlib import sha256
 from pathlib import Path
 
-try:
-    from scripts import _aws
-except ModuleNotFoundError:  # run as a file: python scripts/package_model.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _aws
-
 from semif_adapter.calibration import Calibration
 from semif_adapter.errors import ModelLoadError
 from semif_adapter.manifest import MANIFEST_NAME, ModelManifest, load_manifest
+from semif_ops import aws
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION_NAME = "calibration.json"
 
 
@@ -58,7 +52,7 @@ def download(manifest: ModelManifest, cache_dir: Path | None) -> Path:
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
-        raise _aws.UsageError(
+        raise aws.UsageError(
             "--download needs huggingface_hub: pip install 'semif-adapter[hub]' (or pass --gguf PATH)"
         ) from None
     return Path(
@@ -130,15 +124,15 @@ def build_archive(
 def upload(output: Path, uri: str, *, region: str | None, profile: str | None) -> None:
     from tqdm import tqdm
 
-    bucket, key = _aws.parse_model_data(uri)
-    s3 = _aws.client("s3", region=region, profile=profile)
+    bucket, key = aws.parse_model_data(uri)
+    s3 = aws.client("s3", region=region, profile=profile)
     with tqdm(total=output.stat().st_size, unit="B", unit_scale=True, desc=f"upload {uri}") as bar:
         s3.upload_file(str(output), bucket, key, Callback=bar.update)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--gguf", type=Path, help="local GGUF file to package")
@@ -159,19 +153,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="gzip level; quantised weights barely compress, so 1 (fast) is the default",
     )
     parser.add_argument("--upload", metavar="S3_URI", help="s3://bucket/key.tar.gz to upload the result to")
-    _aws.add_session_args(parser)
+    aws.add_session_args(parser)
     args = parser.parse_args(argv)
 
     try:
         if args.upload:
-            _aws.parse_model_data(args.upload)  # refuse a bad URI before hours of work
+            aws.parse_model_data(args.upload)  # refuse a bad URI before hours of work
         manifest = load_manifest(args.manifest)
         manifest_bytes = args.manifest.read_bytes()
         if args.output.exists() and not args.force:
-            raise _aws.UsageError(f"{args.output} exists; pass --force to replace it")
+            raise aws.UsageError(f"{args.output} exists; pass --force to replace it")
         if args.gguf is not None:
             if not args.gguf.is_file():
-                raise _aws.UsageError(f"GGUF not found: {args.gguf}")
+                raise aws.UsageError(f"GGUF not found: {args.gguf}")
             gguf = args.gguf
         else:
             gguf = download(manifest, args.cache_dir)
@@ -179,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if calibration is None and (gguf.parent / CALIBRATION_NAME).is_file():
             calibration = gguf.parent / CALIBRATION_NAME
         if calibration is not None and not calibration.is_file():
-            raise _aws.UsageError(f"calibration file not found: {calibration}")
+            raise aws.UsageError(f"calibration file not found: {calibration}")
         digest = build_archive(
             gguf=gguf,
             manifest=manifest,
@@ -188,8 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             calibration=calibration,
             compress_level=args.compress_level,
         )
-    except (_aws.UsageError, ModelLoadError) as exc:
-        return _aws.fail(str(exc))
+    except (aws.UsageError, ModelLoadError) as exc:
+        return aws.fail(str(exc))
     print(
         f"wrote {args.output} ({manifest.file}, sha256 {digest}"
         f"{', with ' + CALIBRATION_NAME if calibration else ''})"

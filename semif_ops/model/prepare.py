@@ -4,7 +4,7 @@ Writes a buildspec that downloads the manifest's file at its pinned revision, ch
 builds model.tar.gz (GGUF + model-manifest.json) and copies it to S3; uploads it with the manifest as a
 zip source, and creates (or updates) the CodeBuild project. --start runs it, --wait follows it.
 
-    python scripts/prepare_model_build.py --bucket my-bucket --output s3://my-bucket/semif/qwen/model.tar.gz \
+    semif-ops model prepare --bucket my-bucket --output s3://my-bucket/semif/qwen/model.tar.gz \
         --start --wait
 """
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sys
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,20 +20,15 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-try:
-    from scripts import _aws
-except ModuleNotFoundError:  # run as a file: python scripts/prepare_model_build.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _aws
-
 from semif_adapter.errors import ModelLoadError
 from semif_adapter.manifest import MANIFEST_NAME, ModelManifest, load_manifest
+from semif_ops import aws
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def buildspec(manifest: ModelManifest, output_uri: str) -> str:
-    """Buildspec (JSON, which is valid YAML) that reproduces scripts/package_model.py's checks in shell."""
+    """Buildspec (JSON, which is valid YAML) that reproduces semif-ops model package's checks in shell."""
     check_size = (
         'test "$(stat -c %s "dl/$MODEL_FILE")" = "$MODEL_BYTES" '
         '|| { echo "size mismatch: $(stat -c %s "dl/$MODEL_FILE") != $MODEL_BYTES"; exit 1; }'
@@ -82,7 +76,7 @@ def role_policy(source_bucket: str, output_bucket: str, output_key: str) -> dict
     return {
         "Version": "2012-10-17",
         "Statement": [
-            *_aws.codebuild_base_statements(source_bucket),
+            *aws.codebuild_base_statements(source_bucket),
             {
                 "Effect": "Allow",
                 "Action": ["s3:PutObject"],
@@ -92,9 +86,9 @@ def role_policy(source_bucket: str, output_bucket: str, output_key: str) -> dict
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--manifest", type=Path, default=ROOT / MANIFEST_NAME)
     parser.add_argument("--bucket", required=True, help="bucket for the build source (created if missing)")
@@ -107,30 +101,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--wait", action="store_true", help="with --start: follow the build to the end")
     parser.add_argument("--timeout", type=float, default=7200)
     parser.add_argument("--poll", type=float, default=20)
-    _aws.add_session_args(parser)
+    aws.add_session_args(parser)
     args = parser.parse_args(argv)
 
     try:
-        out_bucket, out_key = _aws.parse_model_data(args.output)
+        out_bucket, out_key = aws.parse_model_data(args.output)
         manifest = load_manifest(args.manifest)
-    except (_aws.UsageError, ModelLoadError) as exc:
-        return _aws.fail(str(exc))
+    except (aws.UsageError, ModelLoadError) as exc:
+        return aws.fail(str(exc))
     spec = buildspec(manifest, args.output)
     if args.write:
         args.write.write_text(spec + "\n", encoding="utf-8")
     session = {"region": args.region, "profile": args.profile}
     key = f"{args.prefix.strip('/')}/{manifest.file}.zip"
     try:
-        s3 = _aws.client("s3", **session)
-        _aws.ensure_bucket(s3, args.bucket)
+        s3 = aws.client("s3", **session)
+        aws.ensure_bucket(s3, args.bucket)
         s3.put_object(Bucket=args.bucket, Key=key, Body=source_zip(spec, args.manifest.read_bytes()))
-        role_arn = args.role_arn or _aws.ensure_codebuild_role(
-            _aws.client("iam", **session),
+        role_arn = args.role_arn or aws.ensure_codebuild_role(
+            aws.client("iam", **session),
             "semif-model-build",
             role_policy(args.bucket, out_bucket, out_key),
         )
-        cb = _aws.client("codebuild", **session)
-        _aws.ensure_codebuild_project(
+        cb = aws.client("codebuild", **session)
+        aws.ensure_codebuild_project(
             cb,
             {
                 "name": args.project,
@@ -154,15 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             build = cb.start_build(projectName=args.project)["build"]
             print(f"started {build['id']}")
             return 0
-        record = _aws.run_codebuild(
+        record = aws.run_codebuild(
             cb, project=args.project, overrides={}, timeout_s=args.timeout, interval_s=args.poll
         )
     except ClientError as exc:
-        return _aws.fail(f"AWS: {exc}")
+        return aws.fail(f"AWS: {exc}")
     except TimeoutError as exc:
-        return _aws.fail(str(exc))
+        return aws.fail(str(exc))
     if record.get("buildStatus") != "SUCCEEDED":
-        return _aws.fail(f"model build {record.get('id')} ended {record.get('buildStatus')}")
+        return aws.fail(f"model build {record.get('id')} ended {record.get('buildStatus')}")
     print(f"model packaged: {args.output}")
     return 0
 

@@ -7,31 +7,26 @@ container's own limit). The container answers one result line per input line, in
 the same state share one prefill. Results land at <output-s3>/<input file name>.out, one line per input
 line (AssembleWith=Line); --join-input puts each result next to its input under "SageMakerOutput".
 
-Use an existing SageMaker model (--model, e.g. the one deploy_endpoint.py created) or let the job create
+Use an existing SageMaker model (--model, e.g. one `endpoint deploy` created) or let the job create
 one from --image/--model-data/--role-arn. The job stops billing when it ends; --stop ends one early.
 
-    python scripts/batch_transform.py --model semif-qwen-20250101-120000 \
+    semif-ops endpoint batch --model semif-qwen-20250101-120000 \
         --input-s3 s3://my-bucket/semif/decisions/ --output-s3 s3://my-bucket/semif/results/ \
         --instance-type ml.c7i.2xlarge --instance-count 2 --join-input
-    python scripts/batch_transform.py --stop semif-transform-20250101-120000
+    semif-ops endpoint batch --stop semif-transform-20250101-120000
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-try:
-    from scripts import _aws, deploy_endpoint
-except ModuleNotFoundError:  # run as a file: python scripts/batch_transform.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _aws, deploy_endpoint
+from semif_ops import aws
+from semif_ops.endpoint import sagemaker
 
 MIB = 1024 * 1024
 CONTAINER_BODY_LIMIT = 6 * MIB  # SEMIF_MAX_BODY_BYTES default
@@ -113,7 +108,7 @@ def wait_done(
         status = str(described["TransformJobStatus"])
         return status in DONE, status
 
-    _aws.wait_until(
+    aws.wait_until(
         poll, timeout_s=timeout_s, interval_s=interval_s, describe=f"transform {job_name}", sleep=sleep
     )
     return described
@@ -121,7 +116,7 @@ def wait_done(
 
 def output_objects(s3: Any, output_s3: str, limit: int = 20) -> list[str]:
     """The result files (``*.out``) under the output prefix, as s3:// URIs."""
-    bucket, prefix = _aws.parse_s3_uri(output_s3, "--output-s3")
+    bucket, prefix = aws.parse_s3_uri(output_s3, "--output-s3")
     found: list[str] = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         found += [f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", []) if o["Key"].endswith(".out")]
@@ -134,30 +129,79 @@ def container_environment(args: argparse.Namespace) -> dict[str, str]:
     """SEMIF_* settings for the transform: many lines per request, a deadline as long as the invocation."""
     environment = {
         "SEMIF_MAX_DECISIONS": str(args.max_decisions),
-        "SEMIF_REQUEST_TIMEOUT_S": _aws.env_value(float(args.request_timeout_s)),
+        "SEMIF_REQUEST_TIMEOUT_S": aws.env_value(float(args.request_timeout_s)),
     }
-    environment.update(_aws.env_pairs(args.env))
+    environment.update(aws.env_pairs(args.env))
     if len(environment) > MAX_ENVIRONMENT:
-        raise _aws.UsageError(
+        raise aws.UsageError(
             f"a transform job takes at most {MAX_ENVIRONMENT} environment variables, got {len(environment)}"
         )
     return environment
 
 
-def body_limit(environment: dict[str, str]) -> int:
+def body_limit(environment: dict[str, str], where: str = "--env") -> int:
     raw = environment.get("SEMIF_MAX_BODY_BYTES")
     if raw is None:
         return CONTAINER_BODY_LIMIT
     try:
         return int(raw)
     except ValueError:
-        raise _aws.UsageError(f"--env SEMIF_MAX_BODY_BYTES={raw!r} is not a whole number of bytes") from None
+        raise aws.UsageError(f"{where} SEMIF_MAX_BODY_BYTES={raw!r} is not a whole number of bytes") from None
 
 
-def validate(args: argparse.Namespace) -> tuple[_aws.ImageRef | None, dict[str, str]]:
+def model_environment(sm: Any, name: str) -> dict[str, str]:
+    """The container environment an existing model was created with (a deploy's --max-body-bytes or
+    --async deadline live there, not in the job's environment)."""
+    try:
+        described = sm.describe_model(ModelName=name)
+    except ClientError as exc:
+        if aws.error_code(exc) == "ValidationException" and "not find" in aws.describe(exc).lower():
+            raise aws.UsageError(f"--model {name}: no such SageMaker model in this region") from exc
+        raise
+    containers = [described.get("PrimaryContainer") or {}, *described.get("Containers", [])]
+    environment: dict[str, str] = {}
+    for container in containers:
+        environment.update(container.get("Environment") or {})
+    return environment
+
+
+def check_model_environment(args: argparse.Namespace, model_env: dict[str, str]) -> None:
+    """The model's own SEMIF_* settings must suit the job too. Which of the model's and the job's
+    environment wins a clash is not documented, so both must fit: the payload under the smaller body limit,
+    and a model's deadline that ends before SageMaker's invocation timeout."""
+    where = f"model {args.model} carries"
+    limit = body_limit(model_env, where)
+    if "SEMIF_MAX_BODY_BYTES" in model_env and args.max_payload_mb * MIB > limit:
+        fix = (
+            f"pass --max-payload-mb {limit // MIB} or less"
+            if limit >= MIB
+            else "use a model made without --max-body-bytes (or --image/--model-data/--role-arn)"
+        )
+        raise aws.UsageError(
+            f"{where} SEMIF_MAX_BODY_BYTES={limit} (deployed with --max-body-bytes), below "
+            f"--max-payload-mb {args.max_payload_mb} ({args.max_payload_mb * MIB} bytes): {fix}"
+        )
+    raw = model_env.get("SEMIF_REQUEST_TIMEOUT_S")
+    if raw is None:
+        return
+    try:
+        deadline = float(raw)
+    except ValueError:
+        raise aws.UsageError(f"{where} SEMIF_REQUEST_TIMEOUT_S={raw!r}, not a number of seconds") from None
+    if deadline == 0 or deadline > args.invocation_timeout:
+        told = "no deadline" if deadline == 0 else f"a {deadline:g} s deadline"
+        needed = MAX_TIMEOUT_S if deadline == 0 else min(MAX_TIMEOUT_S, int(deadline) + 5)
+        raise aws.UsageError(
+            f"{where} SEMIF_REQUEST_TIMEOUT_S={raw} ({told}, e.g. from an --async deploy), beyond "
+            f"--invocation-timeout {args.invocation_timeout}: SageMaker would end requests first; pass "
+            f"--invocation-timeout {needed} or use a model made without --async"
+        )
+
+
+def validate(args: argparse.Namespace) -> tuple[aws.ImageRef | None, dict[str, str]]:
     """Every check that needs no AWS call; returns (image to create a model from, container environment)."""
     if args.stop:
-        _aws.check_endpoint_name(args.stop, "--stop")
+        aws.check_endpoint_name(args.stop, "--stop")
         return None, {}
     missing = [
         f
@@ -169,14 +213,14 @@ def validate(args: argparse.Namespace) -> tuple[_aws.ImageRef | None, dict[str, 
         if not v
     ]
     if missing:
-        raise _aws.UsageError(f"{', '.join(missing)} required (or --stop JOB)")
-    _aws.check_endpoint_name(args.job_name, "--job-name")
-    _aws.parse_s3_uri(args.input_s3, "--input-s3")
-    _aws.parse_s3_uri(args.output_s3, "--output-s3")
+        raise aws.UsageError(f"{', '.join(missing)} required (or --stop JOB)")
+    aws.check_endpoint_name(args.job_name, "--job-name")
+    aws.parse_s3_uri(args.input_s3, "--input-s3")
+    aws.parse_s3_uri(args.output_s3, "--output-s3")
     if not args.instance_type.startswith("ml."):
-        raise _aws.UsageError(f"--instance-type {args.instance_type!r} must look like ml.<family>.<size>")
+        raise aws.UsageError(f"--instance-type {args.instance_type!r} must look like ml.<family>.<size>")
     if args.instance_count < 1:
-        raise _aws.UsageError("--instance-count must be at least 1")
+        raise aws.UsageError("--instance-count must be at least 1")
     image = None
     create = [
         f
@@ -188,41 +232,43 @@ def validate(args: argparse.Namespace) -> tuple[_aws.ImageRef | None, dict[str, 
         if v
     ]
     if args.model and create:
-        raise _aws.UsageError(f"--model names an existing model; drop {', '.join(create)}")
+        raise aws.UsageError(f"--model names an existing model; drop {', '.join(create)}")
     if not args.model:
         if len(create) != 3:
-            raise _aws.UsageError("give --model NAME, or --image, --model-data and --role-arn to create one")
-        image = _aws.parse_digest_uri(args.image)
-        _aws.parse_model_data(args.model_data)
-        if not deploy_endpoint.ROLE_ARN.fullmatch(args.role_arn):
-            raise _aws.UsageError(f"--role-arn {args.role_arn!r} is not an IAM role ARN")
-    _aws.check_range("--invocation-timeout", args.invocation_timeout, 1, MAX_TIMEOUT_S, " seconds")
-    _aws.check_range("--max-retries", args.max_retries, 0, 3)
-    _aws.check_range("--max-decisions", args.max_decisions, 1, MAX_DECISIONS_LIMIT)
-    args.request_timeout_s = _aws.container_deadline(args.request_timeout_s, args.invocation_timeout)
+            raise aws.UsageError("give --model NAME, or --image, --model-data and --role-arn to create one")
+        image = aws.parse_digest_uri(args.image)
+        aws.parse_model_data(args.model_data)
+        if not sagemaker.ROLE_ARN.fullmatch(args.role_arn):
+            raise aws.UsageError(f"--role-arn {args.role_arn!r} is not an IAM role ARN")
+    aws.check_range("--invocation-timeout", args.invocation_timeout, 1, MAX_TIMEOUT_S, " seconds")
+    aws.check_range("--max-retries", args.max_retries, 0, 3)
+    aws.check_range("--max-decisions", args.max_decisions, 1, MAX_DECISIONS_LIMIT)
+    args.request_timeout_s = aws.container_deadline(args.request_timeout_s, args.invocation_timeout)
     for flag, value in (("--input-filter", args.input_filter), ("--output-filter", args.output_filter)):
         if value is not None and not (value.startswith("$") and len(value) <= MAX_FILTER):
-            raise _aws.UsageError(
+            raise aws.UsageError(
                 f"{flag} {value!r} must be a JSONPath starting with '$', at most {MAX_FILTER} characters"
             )
     if args.output_filter and not args.join_input:
-        raise _aws.UsageError("--output-filter selects from the joined record: add --join-input")
+        raise aws.UsageError("--output-filter selects from the joined record: add --join-input")
     environment = container_environment(args)
     limit = body_limit(environment)
     if not 1 <= args.max_payload_mb or args.max_payload_mb * MIB > limit:
-        raise _aws.UsageError(
+        raise aws.UsageError(
             f"--max-payload-mb must be between 1 and {limit // MIB} (the container's body limit, "
             f"SEMIF_MAX_BODY_BYTES={limit}), got {args.max_payload_mb}"
         )
     return image, environment
 
 
-def start(sm: Any, args: argparse.Namespace, image: _aws.ImageRef | None, environment: dict[str, str]) -> str:
+def start(sm: Any, args: argparse.Namespace, image: aws.ImageRef | None, environment: dict[str, str]) -> str:
     """Create the model if asked, then the transform job; returns the model name used."""
     tags = [{"Key": "project", "Value": "semif-adapter"}, {"Key": "transform-job", "Value": args.job_name}]
     model_name = args.model or args.job_name
+    if args.model:
+        check_model_environment(args, model_environment(sm, args.model))
     if image is not None:
-        deploy_endpoint.create_model(
+        sagemaker.create_model(
             sm,
             name=model_name,
             image=image,
@@ -269,9 +315,9 @@ def report(args: argparse.Namespace, described: dict[str, Any]) -> int:
     status = described["TransformJobStatus"]
     if status != "Completed":
         reason = described.get("FailureReason") or "no failure reason given"
-        return _aws.fail(f"transform job {args.job_name} is {status}: {reason}")
+        return aws.fail(f"transform job {args.job_name} is {status}: {reason}")
     print(f"transform job {args.job_name} Completed; results under {args.output_s3}")
-    s3 = _aws.client("s3", region=args.region, profile=args.profile)
+    s3 = aws.client("s3", region=args.region, profile=args.profile)
     for uri in output_objects(s3, args.output_s3):
         print(f"  {uri}")
     return 0
@@ -334,37 +380,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=2 * 86400, help="seconds to wait for the job")
     parser.add_argument("--poll", type=float, default=30, help="seconds between status checks")
     parser.add_argument("--stop", metavar="JOB", help="stop a running transform job and exit")
-    _aws.add_session_args(parser)
+    aws.add_session_args(parser)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
         image, environment = validate(args)
-    except _aws.UsageError as exc:
-        return _aws.fail(str(exc))
-    stop_hint = f"python scripts/batch_transform.py --stop {args.job_name}"
+    except aws.UsageError as exc:
+        return aws.fail(str(exc))
+    stop_hint = f"semif-ops endpoint batch --stop {args.job_name}"
     try:
-        sm = _aws.client("sagemaker", region=args.region, profile=args.profile)
+        sm = aws.client("sagemaker", region=args.region, profile=args.profile)
         if args.stop:
             return stop(sm, args.stop)
-        start(sm, args, image, environment)
+        start(sm, args, image, environment)  # may refuse (UsageError) once it has read the model
         print(f"started transform job {args.job_name}: {args.input_s3} -> {args.output_s3}")
         if args.no_wait:
             print(f"follow it in the console, or end it early: {stop_hint}")
             return 0
         described = wait_done(sm, args.job_name, timeout_s=args.timeout, interval_s=args.poll)
         return report(args, described)
+    except aws.UsageError as exc:
+        return aws.fail(str(exc))
     except ClientError as exc:
-        return _aws.fail(f"AWS: {exc}")
+        return aws.fail(f"AWS: {exc}")
     except TimeoutError as exc:
-        return _aws.fail(f"{exc}; the job keeps running (and billing): {stop_hint}")
+        return aws.fail(f"{exc}; the job keeps running (and billing): {stop_hint}")
     except KeyboardInterrupt:
-        return _aws.fail(f"interrupted; the job keeps running (and billing): {stop_hint}")
+        return aws.fail(f"interrupted; the job keeps running (and billing): {stop_hint}")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ openblas shadow-utils python3.12 python3.12-pip`` (``python3``/``python`` point 
 AL2023 container image deliberately leaves out findutils (``find``, ``xargs``), ``which``, ``tar``,
 ``gzip``, procps and perl.
 
-- ``scripts/dlc_standin.py`` strips its Debian root filesystem down to :data:`COMMANDS` on ``PATH``, so a
+- ``tests/image/dlc_standin.py`` strips its Debian root filesystem down to :data:`COMMANDS` on ``PATH``, so a
   command the real base lacks fails in the stand-in as it would on AWS.
-- ``scripts/check_dockerfiles.py`` fails when a Dockerfile ``RUN`` line or a ``docker/*.sh`` script calls a
+- ``semif-ops image check`` fails when a Dockerfile ``RUN`` line or a ``docker/*.sh`` script calls a
   command outside :data:`COMMANDS`, the shell's builtins, or this project's own files.
 """
 

@@ -1,10 +1,10 @@
 """Deploy the stock llama.cpp DLC (its own llama-server chat API) for comparison with semif-adapter.
 
-Same model.tar.gz, same digest rule and instance options as deploy_endpoint.py; the container is configured
+Same model.tar.gz, same digest rule and instance options as `endpoint deploy`; the container is configured
 through SM_LLAMA_CPP_* variables (SM_LLAMA_CPP_FOO_BAR=v becomes llama-server --foo-bar v). SageMaker
 cannot pull from ECR Public: use the DLC's private ECR URI in your region, pinned by digest.
 
-    python scripts/deploy_standard_endpoint.py --name llamacpp-qwen \
+    semif-ops endpoint deploy --stock --name llamacpp-qwen \
         --role-arn arn:aws:iam::123456789012:role/R \
         --image 763104351884.dkr.ecr.us-east-1.amazonaws.com/llama-cpp@sha256:<64 hex> \
         --model-data s3://my-bucket/semif/qwen/model.tar.gz --instance-type ml.c7i.2xlarge --wait
@@ -14,15 +14,10 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-try:
-    from scripts import _aws, deploy_endpoint
-except ModuleNotFoundError:  # run as a file: python scripts/deploy_standard_endpoint.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _aws, deploy_endpoint
+from semif_ops import aws
+from semif_ops.endpoint import deploy
 
 FLAG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
@@ -32,19 +27,19 @@ def llama_environment(ctx_size: int, gpu_layers: int | None, flags: Sequence[str
     environment = {"SM_LLAMA_CPP_CTX_SIZE": str(ctx_size)}
     if gpu_layers is not None:
         environment["SM_LLAMA_CPP_N_GPU_LAYERS"] = str(gpu_layers)
-    for key, value in _aws.env_pairs(flags).items():
+    for key, value in aws.env_pairs(flags).items():
         flag = key.lstrip("-")
         if not FLAG.fullmatch(flag):
-            raise _aws.UsageError(f"--llama-arg {key!r}: use the llama-server long flag, e.g. threads=8")
+            raise aws.UsageError(f"--llama-arg {key!r}: use the llama-server long flag, e.g. threads=8")
         environment["SM_LLAMA_CPP_" + flag.upper().replace("-", "_")] = value
     return environment
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    deploy_endpoint.add_common_arguments(parser)
+    deploy.add_common_arguments(parser)
     parser.add_argument("--ctx-size", type=int, default=8192, help="SM_LLAMA_CPP_CTX_SIZE")
     parser.add_argument("--gpu-layers", type=int, help="SM_LLAMA_CPP_N_GPU_LAYERS (e.g. 999 on GPU)")
     parser.add_argument(
@@ -52,12 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        image, extra = deploy_endpoint.validate_common(args)
+        image, extra = deploy.validate_common(args)
         environment = llama_environment(args.ctx_size, args.gpu_layers, args.llama_arg)
-    except _aws.UsageError as exc:
-        return _aws.fail(str(exc))
+    except aws.UsageError as exc:
+        return aws.fail(str(exc))
     environment.update(extra)
-    return deploy_endpoint.run(args, environment, image)
+    return deploy.run(args, environment, image)
 
 
 if __name__ == "__main__":

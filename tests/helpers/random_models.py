@@ -13,7 +13,7 @@ template copied from the Qwen2.5 test model, written with the ``gguf`` package. 
 
 ``build_shaped`` writes a qwen35 model with a production model's exact shapes (``QWEN35_4B``: Qwen3.5-4B)
 in f16, for timings: compute does not depend on the weights' values, so after quantizing it runs like the
-real model. ``python tests/random_models.py shaped 4b TOKENIZER.gguf OUT.gguf``.
+real model. ``python tests/helpers/random_models.py shaped 4b TOKENIZER.gguf OUT.gguf``.
 """
 
 from __future__ import annotations

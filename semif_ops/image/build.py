@@ -3,12 +3,12 @@
 No local Docker needed: the source is zipped to S3, a privileged CodeBuild project (created if missing)
 runs `docker build`/`docker push`, and the digest comes back from ECR. The equivalent local commands are
 printed too. The build context must be prepared first (`make image-context`, see
-scripts/prepare_image_context.py): its wheelhouse travels in the zip, so the image build needs no index, and
+semif-ops image context): its wheelhouse travels in the zip, so the image build needs no index, and
 its build-args (the llama.cpp version the base must report) are passed to `docker build`.
 
-    python scripts/build_image.py --variant cpu --bucket my-build-bucket \
+    semif-ops image build --variant cpu --bucket my-build-bucket \
         --base-image public.ecr.aws/deep-learning-containers/llama-cpp@sha256:<64 hex>
-    python scripts/build_image.py --variant cpu --platform linux/arm64 --repository semif-adapter-arm64 \
+    semif-ops image build --variant cpu --platform linux/arm64 --repository semif-adapter-arm64 \
         --base-image public.ecr.aws/deep-learning-containers/llama-cpp-arm64@sha256:<64 hex> --bucket ...
 """
 
@@ -26,13 +26,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-try:
-    from scripts import _aws, _dockerfile
-except ModuleNotFoundError:  # run as a file: python scripts/build_image.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _aws, _dockerfile
+from semif_ops import aws
+from semif_ops.image import dockerfile
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE_FILES = (
     "Dockerfile.cpu",
     "Dockerfile.gpu",
@@ -41,10 +38,13 @@ SOURCE_FILES = (
     "LICENSE",
     ".dockerignore",
     "model-manifest.json",
-    "scripts/__init__.py",
-    "scripts/_dockerfile.py",
-    "scripts/check_dockerfiles.py",
-    "scripts/llama_abi.py",
+    "semif_ops/__init__.py",
+    "semif_ops/image/__init__.py",
+    "semif_ops/image/abi.py",
+    "semif_ops/image/check.py",
+    "semif_ops/image/dlc_base.py",
+    "semif_ops/image/dockerfile.py",
+    "semif_ops/image/shell_commands.py",
 )
 SOURCE_DIRS = ("docker", "semif_adapter")
 ARCHES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
@@ -107,7 +107,7 @@ def buildspec() -> str:
         "phases": {
             "pre_build": {
                 "commands": [
-                    'python3 scripts/check_dockerfiles.py --base-image "$BASE_IMAGE" "Dockerfile.$VARIANT"',
+                    'python3 -m semif_ops.image.check --base-image "$BASE_IMAGE" "Dockerfile.$VARIANT"',
                     'aws ecr get-login-password --region "$AWS_REGION" '
                     '| docker login --username AWS --password-stdin "${REPOSITORY_URI%%/*}"',
                 ]
@@ -133,7 +133,7 @@ def ensure_repository(ecr: Any, name: str) -> str:
     try:
         repo = ecr.describe_repositories(repositoryNames=[name])["repositories"][0]
     except ClientError as exc:
-        if _aws.error_code(exc) != "RepositoryNotFoundException":
+        if aws.error_code(exc) != "RepositoryNotFoundException":
             raise
         repo = ecr.create_repository(
             repositoryName=name,
@@ -147,7 +147,7 @@ def role_policy(bucket: str, repository_arn: str) -> dict[str, Any]:
     return {
         "Version": "2012-10-17",
         "Statement": [
-            *_aws.codebuild_base_statements(bucket),
+            *aws.codebuild_base_statements(bucket),
             {"Effect": "Allow", "Action": "ecr:GetAuthorizationToken", "Resource": "*"},
             {
                 "Effect": "Allow",
@@ -188,9 +188,9 @@ def local_commands(
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--variant", choices=("cpu", "gpu"), required=True, help="Dockerfile.cpu or .gpu")
     parser.add_argument("--base-image", required=True, help="llama.cpp DLC as <repo>@sha256:<64 hex>")
@@ -215,17 +215,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=ROOT / "docker",
         help="folder holding the prepared wheelhouse/ and llama-headers/ (default: docker/)",
     )
-    _aws.add_session_args(parser)
+    aws.add_session_args(parser)
     args = parser.parse_args(argv)
 
-    if problem := _dockerfile.check_base_image(args.base_image):
-        return _aws.fail(problem)
+    if problem := dockerfile.check_base_image(args.base_image):
+        return aws.fail(problem)
     if args.variant == "gpu" and args.platform != "linux/amd64":
-        return _aws.fail("the CUDA DLC is x86_64 only; use --platform linux/amd64 for --variant gpu")
+        return aws.fail("the CUDA DLC is x86_64 only; use --platform linux/amd64 for --variant gpu")
     try:
         _, build_args = prepared_context(args.context, args.platform)
     except ValueError as exc:
-        return _aws.fail(str(exc))
+        return aws.fail(str(exc))
     llama = dict(a.split("=", 1) for a in build_args if "=" in a)
     repository = args.repository or f"semif-adapter-{args.variant}"
     tag = args.tag or f"{args.variant}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
@@ -245,25 +245,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0
     try:
-        ecr = _aws.client("ecr", **session)
-        s3 = _aws.client("s3", **session)
-        cb = _aws.client("codebuild", **session)
+        ecr = aws.client("ecr", **session)
+        s3 = aws.client("s3", **session)
+        cb = aws.client("codebuild", **session)
         repository_uri = ensure_repository(ecr, repository)
         repository_arn = ecr.describe_repositories(repositoryNames=[repository])["repositories"][0][
             "repositoryArn"
         ]
-        _aws.ensure_bucket(s3, args.bucket)
+        aws.ensure_bucket(s3, args.bucket)
         key = f"{args.prefix.strip('/')}/source-{tag}.zip"
         s3.put_object(Bucket=args.bucket, Key=key, Body=source_zip(ROOT, args.context))
-        role_arn = args.role_arn or _aws.ensure_codebuild_role(
-            _aws.client("iam", **session), "semif-codebuild", role_policy(args.bucket, repository_arn)
+        role_arn = args.role_arn or aws.ensure_codebuild_role(
+            aws.client("iam", **session), "semif-codebuild", role_policy(args.bucket, repository_arn)
         )
         env_type, image = CODEBUILD_IMAGES[args.platform]
-        _aws.ensure_codebuild_project(
+        aws.ensure_codebuild_project(
             cb,
             {
                 "name": project,
-                "description": "Builds semif-adapter images (scripts/build_image.py)",
+                "description": "Builds semif-adapter images (semif-ops image build)",
                 "source": {"type": "S3", "location": f"{args.bucket}/{key}", "buildspec": buildspec()},
                 "artifacts": {"type": "NO_ARTIFACTS"},
                 "environment": {
@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "LLAMA_CPP_VERSION": llama.get("LLAMA_CPP_VERSION", ""),
             "LLAMA_CPP_COMMIT": llama.get("LLAMA_CPP_COMMIT", ""),
         }
-        record = _aws.run_codebuild(
+        record = aws.run_codebuild(
             cb,
             project=project,
             overrides={
@@ -302,19 +302,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             interval_s=args.poll,
         )
         if record.get("buildStatus") != "SUCCEEDED":
-            return _aws.fail(
+            return aws.fail(
                 f"CodeBuild {record.get('id')} ended {record.get('buildStatus')} in phase "
                 f"{record.get('currentPhase')}; see its CloudWatch logs"
             )
         details = ecr.describe_images(repositoryName=repository, imageIds=[{"imageTag": tag}])
         digest = str(details["imageDetails"][0]["imageDigest"])
     except ClientError as exc:
-        return _aws.fail(f"AWS: {exc}")
+        return aws.fail(f"AWS: {exc}")
     except TimeoutError as exc:
-        return _aws.fail(str(exc))
+        return aws.fail(str(exc))
     exported = {v["name"]: v["value"] for v in record.get("exportedEnvironmentVariables", []) if "name" in v}
     if exported.get("IMAGE_DIGEST") and exported["IMAGE_DIGEST"] != digest:
-        return _aws.fail(f"build reported {exported['IMAGE_DIGEST']} but ECR has {digest} for tag {tag}")
+        return aws.fail(f"build reported {exported['IMAGE_DIGEST']} but ECR has {digest} for tag {tag}")
     print("# equivalent local build:", file=sys.stderr)
     print(
         local_commands(args.variant, args.platform, args.base_image, repository_uri, tag, build_args),

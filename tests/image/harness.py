@@ -1,12 +1,12 @@
 """Build Dockerfile.cpu on local DLC stand-ins with podman and test its running container (make test-image).
 
-1. Stand-in bases (scripts/dlc_standin.py), as bare as Amazon Linux 2023: llama.cpp from the llama-cpp-python
-   0.3.36 sdist (the struct layouts of DLC v0.4.1) and from 0.3.35 (no ``lazy_mode`` in
+1. Stand-in bases (tests/image/dlc_standin.py), as bare as Amazon Linux 2023: llama.cpp from the
+   llama-cpp-python 0.3.36 sdist (the struct layouts of DLC v0.4.1) and from 0.3.35 (no ``lazy_mode`` in
    ``llama_model_params``, like DLC b10433). Cached between runs.
 2. ``Dockerfile.cpu`` built unchanged on each; only ``BASE_IMAGE`` (its local digest) and the prepared headers
    in the build context differ. A third build, on the 0.3.36 base with a llama.h whose ``n_ubatch`` is
    renamed, must stop naming that field.
-3. Each image run with gemma-3-270m packaged with its manifest (scripts/package_model.py) at /opt/ml/model.
+3. Each image run with gemma-3-270m packaged with its manifest (semif-ops model package) at /opt/ml/model.
 4. pytest, once per layout: ``tests/contract/test_contract.py`` against the container through
    ``SEMIF_TEST_URL``, and ``tests/image`` (bare base, user, toolchain, libraries, answers equal to those of
    the binding written for that llama.cpp, SIGTERM); the refused build once.
@@ -14,7 +14,7 @@
 Needs root and podman (``.ci/setup-podman.sh`` installs and configures it). Logs go to
 ``$SEMIF_CACHE_DIR/image-test/`` (default ``~/.cache/semif-adapter``).
 
-    python scripts/test_image.py [--keep] [-- <extra pytest args>]
+    python -m tests.image.harness [--keep] [-- <extra pytest args>]
 """
 
 from __future__ import annotations
@@ -32,13 +32,9 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-try:
-    from scripts import dlc_standin
-except ModuleNotFoundError:  # run as a file: python scripts/test_image.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import dlc_standin
+from tests.image import dlc_standin
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PODMAN = ("podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs")
 IMAGE = "localhost/semif-adapter:image-test"
 CONTAINER = "semif-image-test"
@@ -76,7 +72,7 @@ def base_python(base: str) -> str:
 def build_context(target: Path, base: str, llama_tree: Path, commit: str) -> Path:
     """A throw-away copy of the build context, prepared for ``base`` (Python, arch, llama.cpp headers).
 
-    The files git knows (tracked or not ignored), then ``scripts/prepare_image_context.py --out`` into it:
+    The files git knows (tracked or not ignored), then ``semif-ops image context --out`` into it:
     the repository's docker/wheelhouse stays untouched and each base gets the headers of its llama.cpp."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             cwd=ROOT, check=True, capture_output=True).stdout  # fmt: skip
@@ -87,7 +83,7 @@ def build_context(target: Path, base: str, llama_tree: Path, commit: str) -> Pat
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
     subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "prepare_image_context.py"), "--python", base_python(base),
+        [sys.executable, "-m", "semif_ops", "image", "context", "--python", base_python(base),
          "--arch", platform.machine(), "--llama-source", str(llama_tree), "--llama-commit", commit,
          "--out", str(target / "docker")],
         check=True, cwd=ROOT,
@@ -109,7 +105,7 @@ def podman_build(context: Path, base: str, tag: str, logfile: Path) -> subproces
 
 
 def model_dir(work: Path) -> Path:
-    """gemma-3-270m packaged with its manifest by scripts/package_model.py, extracted as SageMaker does."""
+    """gemma-3-270m packaged with its manifest by semif-ops model package, extracted as SageMaker does."""
     from semif_adapter.demo_models import MODELS, ensure_model
 
     gguf = ensure_model("gemma")
@@ -131,11 +127,11 @@ def model_dir(work: Path) -> Path:
     staging.mkdir(parents=True)
     (staging / "model-manifest.json").write_text(json.dumps(manifest, indent=2))
     archive = staging / "model.tar.gz"
-    package = [sys.executable, str(ROOT / "scripts" / "package_model.py"), "--gguf", str(gguf),
+    package = [sys.executable, "-m", "semif_ops", "model", "package", "--gguf", str(gguf),
                "--manifest", str(staging / "model-manifest.json"), "--output", str(archive)]  # fmt: skip
     done = subprocess.run(package, capture_output=True, text=True, check=False)  # quiet: no progress bar
     if done.returncode != 0:
-        raise SystemExit(f"error: package_model.py failed: {done.stderr.strip()[-2000:]}")
+        raise SystemExit(f"error: semif-ops model package failed: {done.stderr.strip()[-2000:]}")
     log(done.stdout.strip())
     partial = work / "opt-ml-model.partial"
     shutil.rmtree(partial, ignore_errors=True)

@@ -2,8 +2,8 @@
 commands the DLC's Amazon Linux 2023 base has, in every RUN line and docker/*.sh helper) and,
 optionally, lint them with hadolint and vet the BASE_IMAGE values a build will use.
 
-    python scripts/check_dockerfiles.py --hadolint
-    python scripts/check_dockerfiles.py \
+    semif-ops image check --hadolint
+    semif-ops image check \
         --base-image public.ecr.aws/deep-learning-containers/llama-cpp@sha256:<64 hex>
 """
 
@@ -16,13 +16,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-try:
-    from scripts import _dockerfile
-except ModuleNotFoundError:  # run as a file: python scripts/check_dockerfiles.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _dockerfile
+from semif_ops.image import dockerfile
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_FILES = (ROOT / "Dockerfile.cpu", ROOT / "Dockerfile.gpu")
 SCRIPTS_DIR = ROOT / "docker"
 
@@ -33,9 +29,9 @@ def find_hadolint() -> str | None:
     return shutil.which("hadolint") or (str(beside) if beside.is_file() else None)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("dockerfiles", nargs="*", type=Path, help="default: Dockerfile.cpu Dockerfile.gpu")
     parser.add_argument(
@@ -47,16 +43,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = args.dockerfiles or list(DEFAULT_FILES)
     problems: list[str] = []
     for value in args.base_image:
-        if problem := _dockerfile.check_base_image(value):
+        if problem := dockerfile.check_base_image(value):
             problems.append(problem)
     for path in files:
         if not path.is_file():
             problems.append(f"{path}: no such Dockerfile")
             continue
-        problems.extend(str(f) for f in _dockerfile.check_file(path))
+        problems.extend(str(f) for f in dockerfile.check_file(path))
     if not args.dockerfiles:  # the helpers the default Dockerfiles run
         for script in sorted(SCRIPTS_DIR.glob("*.sh")):
-            problems.extend(str(f) for f in _dockerfile.check_script(script))
+            problems.extend(str(f) for f in dockerfile.check_script(script))
     if args.hadolint:
         binary = find_hadolint()
         if binary is None:

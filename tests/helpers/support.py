@@ -29,7 +29,7 @@ from semif_adapter.protocol import (
 )
 from semif_adapter.settings import Settings
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_N_CTX = 4096
 ENGINES = ("gemma", "qwen", "hybrid", "mamba")
 

@@ -1,24 +1,19 @@
-"""Ask the stock llama.cpp DLC endpoint (deploy_standard_endpoint.py) one chat question, OpenAI style.
+"""Ask the stock llama.cpp DLC endpoint (semif-ops endpoint deploy --stock) one chat question, OpenAI style.
 
-python scripts/invoke_standard_endpoint.py --endpoint llamacpp-qwen --prompt "Answer A or B: ..."
+semif-ops endpoint invoke --stock --endpoint llamacpp-qwen --prompt "Answer A or B: ..."
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-try:
-    from scripts import _aws, invoke_endpoint
-except ModuleNotFoundError:  # run as a file: python scripts/invoke_standard_endpoint.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _aws, invoke_endpoint
+from semif_ops import aws
+from semif_ops.endpoint import invoke
 
 
 def chat_payload(prompt: str, *, system: str | None, max_tokens: int, temperature: float) -> dict[str, Any]:
@@ -28,11 +23,11 @@ def chat_payload(prompt: str, *, system: str | None, max_tokens: int, temperatur
     return {"messages": messages, "max_tokens": max_tokens, "temperature": temperature}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    invoke_endpoint.add_runtime_arguments(parser)
+    invoke.add_runtime_arguments(parser)
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--system")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -43,8 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.prompt, system=args.system, max_tokens=args.max_tokens, temperature=args.temperature
     )
     try:
-        response = invoke_endpoint.invoke_with_retry(
-            invoke_endpoint.runtime_client(args),
+        response = invoke.invoke_with_retry(
+            invoke.runtime_client(args),
             endpoint=args.endpoint,
             body=json.dumps(payload).encode(),
             max_attempts=args.max_attempts,
@@ -52,12 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             cap_s=args.max_delay,
         )
     except ClientError as exc:
-        return _aws.fail(_aws.describe(exc))
+        return aws.fail(aws.describe(exc))
     try:
         answer = json.loads(response["Body"])
         text = answer["choices"][0]["message"]["content"]
     except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-        return _aws.fail(f"unexpected response: {response['Body'][:500]!r}")
+        return aws.fail(f"unexpected response: {response['Body'][:500]!r}")
     print(json.dumps(answer, indent=2) if args.raw else text)
     return 0
 

@@ -8,36 +8,36 @@ the fallback; its target depends on your request latency: 60 / seconds-per-reque
 Asynchronous endpoints use --metric backlog (queued requests per instance) and may scale to zero with
 --min 0, which adds a step policy and an alarm on HasBacklogWithoutCapacity to start the first instance.
 
-    python scripts/autoscale_endpoint.py --endpoint semif-qwen --min 1 --max 4
-    python scripts/autoscale_endpoint.py --endpoint semif-qwen-async --metric backlog --min 0 --max 4
-    python scripts/autoscale_endpoint.py --endpoint semif-qwen --remove
+    semif-ops endpoint scale --endpoint semif-qwen --min 1 --max 4
+    semif-ops endpoint scale --endpoint semif-qwen-async --metric backlog --min 0 --max 4
+    semif-ops endpoint scale --endpoint semif-qwen --remove
 
-cleanup_endpoint.py removes the policies and the scalable target itself before deleting the endpoint.
+semif-ops endpoint cleanup removes the policies and the scalable target itself before deleting the endpoint.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-try:
-    from scripts import _aws
-except ModuleNotFoundError:  # run as a file: python scripts/autoscale_endpoint.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _aws
+from semif_ops import aws
+from semif_ops.endpoint.autoscaling import (
+    DIMENSION,
+    FROM_ZERO_POLICY,
+    NAMESPACE,
+    TRACKING_POLICY,
+    alarm_name,
+    delete_policies,
+    remove_scaling,
+    resource_id,
+)
+from semif_ops.endpoint.sagemaker import VARIANT
 
-NAMESPACE = "sagemaker"
-DIMENSION = "sagemaker:variant:DesiredInstanceCount"
-TRACKING_POLICY = "semif-target-tracking"
-FROM_ZERO_POLICY = "semif-scale-from-zero"
 MAX_COOLDOWN_S = 86400
-VARIANT = "AllTraffic"  # the variant deploy_endpoint.py creates
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,6 @@ METRICS = {
     "invocations": Metric(None, None, "invocations per instance per minute; --target required"),
     "backlog": Metric(2.0, None, "async only: queued requests per instance; allows --min 0"),
 }
-
-
-def resource_id(endpoint: str, variant: str) -> str:
-    return f"endpoint/{endpoint}/variant/{variant}"
-
-
-def alarm_name(endpoint: str, variant: str) -> str:
-    return f"semif-{endpoint}-{variant}-backlog-without-capacity"
 
 
 def tracking_configuration(
@@ -94,20 +86,20 @@ def check_endpoint(sm: Any, endpoint: str, variant: str, metric: str) -> None:
     described = sm.describe_endpoint(EndpointName=endpoint)
     status = described["EndpointStatus"]
     if status != "InService":
-        raise _aws.UsageError(
+        raise aws.UsageError(
             f"endpoint {endpoint} is {status}; autoscaling can be set on InService endpoints"
         )
     variants = [v["VariantName"] for v in described.get("ProductionVariants", [])]
     if variants and variant not in variants:
-        raise _aws.UsageError(
+        raise aws.UsageError(
             f"endpoint {endpoint} has no variant {variant!r} (it has {', '.join(variants)})"
         )
     config = sm.describe_endpoint_config(EndpointConfigName=described["EndpointConfigName"])
     is_async = bool(config.get("AsyncInferenceConfig"))
     if is_async and metric != "backlog":
-        raise _aws.UsageError(f"endpoint {endpoint} is asynchronous: use --metric backlog")
+        raise aws.UsageError(f"endpoint {endpoint} is asynchronous: use --metric backlog")
     if not is_async and metric == "backlog":
-        raise _aws.UsageError(f"endpoint {endpoint} is real-time: --metric backlog needs an async endpoint")
+        raise aws.UsageError(f"endpoint {endpoint} is real-time: --metric backlog needs an async endpoint")
 
 
 def apply_scaling(
@@ -172,60 +164,15 @@ def apply_scaling(
         )
         done.append(f"policy {FROM_ZERO_POLICY} + alarm {alarm_name(endpoint, variant)}: 0 -> 1 on backlog")
     else:  # a re-run that raised --min above 0 must not leave the scale-from-zero pieces behind
-        done += _delete_policies(aas, cw, endpoint, variant, only=FROM_ZERO_POLICY)
-    return done
-
-
-def _delete_policies(aas: Any, cw: Any, endpoint: str, variant: str, *, only: str | None = None) -> list[str]:
-    """Delete the target's policies (or just ``only``) and the alarms that drive its step policies."""
-    rid = resource_id(endpoint, variant)
-    done: list[str] = []
-    policies = aas.describe_scaling_policies(
-        ServiceNamespace=NAMESPACE, ResourceId=rid, ScalableDimension=DIMENSION
-    )["ScalingPolicies"]
-    for policy in policies:
-        name = policy["PolicyName"]
-        if only and name != only:
-            continue
-        alarms = []  # target-tracking alarms belong to the policy and go with it; step-policy alarms do not
-        if policy.get("PolicyType") == "StepScaling":
-            alarms = [a["AlarmName"] for a in policy.get("Alarms", [])]
-            if name == FROM_ZERO_POLICY:
-                alarms.append(alarm_name(endpoint, variant))
-        aas.delete_scaling_policy(
-            PolicyName=name, ServiceNamespace=NAMESPACE, ResourceId=rid, ScalableDimension=DIMENSION
-        )
-        done.append(f"deleted scaling policy {name}")
-        present = cw.describe_alarms(AlarmNames=list(dict.fromkeys(alarms)))["MetricAlarms"] if alarms else []
-        if present:
-            names = [a["AlarmName"] for a in present]
-            cw.delete_alarms(AlarmNames=names)
-            done += [f"deleted alarm {a}" for a in names]
-    return done
-
-
-def remove_scaling(aas: Any, cw: Any, *, endpoint: str, variant: str) -> list[str]:
-    """Policies first (with their alarms), then the scalable target; nothing registered is not an error."""
-    rid = resource_id(endpoint, variant)
-    done = _delete_policies(aas, cw, endpoint, variant)
-    targets = aas.describe_scalable_targets(
-        ServiceNamespace=NAMESPACE, ResourceIds=[rid], ScalableDimension=DIMENSION
-    )["ScalableTargets"]
-    if targets:
-        aas.deregister_scalable_target(
-            ServiceNamespace=NAMESPACE, ResourceId=rid, ScalableDimension=DIMENSION
-        )
-        done.append(f"deregistered scalable target {rid}")
-    elif not done:
-        done.append(f"no autoscaling registered for {rid}")
+        done += delete_policies(aas, cw, endpoint, variant, only=FROM_ZERO_POLICY)
     return done
 
 
 def validate(args: argparse.Namespace) -> None:
     """Every check that needs no AWS call; fills in the metric's default target."""
-    _aws.check_endpoint_name(args.endpoint)
+    aws.check_endpoint_name(args.endpoint)
     if not args.variant or len(args.variant) > 63:
-        raise _aws.UsageError("--variant must be 1 to 63 characters")
+        raise aws.UsageError("--variant must be 1 to 63 characters")
     if args.remove:
         given = [
             f
@@ -233,25 +180,25 @@ def validate(args: argparse.Namespace) -> None:
             if v is not None
         ]
         if given:
-            raise _aws.UsageError(f"--remove takes no {', '.join(given)}")
+            raise aws.UsageError(f"--remove takes no {', '.join(given)}")
         return
     metric = METRICS[args.metric]
     if args.max is None:
-        raise _aws.UsageError("--max is required (the most instances autoscaling may run)")
+        raise aws.UsageError("--max is required (the most instances autoscaling may run)")
     if args.min is None:
         args.min = 1
     floor = 0 if args.metric == "backlog" else 1
     if args.min < floor:
-        raise _aws.UsageError(
+        raise aws.UsageError(
             "--min 0 (scale to zero) needs --metric backlog on an async endpoint; real-time endpoints keep 1"
             if args.min == 0
             else f"--min must be at least {floor}, got {args.min}"
         )
     if args.max < max(1, args.min):
-        raise _aws.UsageError(f"--max must be at least 1 and at least --min ({args.min}), got {args.max}")
+        raise aws.UsageError(f"--max must be at least 1 and at least --min ({args.min}), got {args.max}")
     if args.target is None:
         if metric.default_target is None:
-            raise _aws.UsageError(
+            raise aws.UsageError(
                 "--metric invocations needs --target: invocations per instance per minute, "
                 "e.g. 60 / seconds-per-request x 0.5"
             )
@@ -262,17 +209,17 @@ def validate(args: argparse.Namespace) -> None:
             if metric.max_target
             else ""
         )
-        raise _aws.UsageError(f"--target for {args.metric} must be above 0{upper}, got {args.target:g}")
+        raise aws.UsageError(f"--target for {args.metric} must be above 0{upper}, got {args.target:g}")
     for flag, value in (
         ("--scale-in-cooldown", args.scale_in_cooldown),
         ("--scale-out-cooldown", args.scale_out_cooldown),
     ):
-        _aws.check_range(flag, value, 0, MAX_COOLDOWN_S, " seconds")
+        aws.check_range(flag, value, 0, MAX_COOLDOWN_S, " seconds")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--variant", default=VARIANT, help=f"production variant (default {VARIANT})")
@@ -288,20 +235,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scale-out-cooldown", type=int, default=60, help="seconds between scale-outs (60)")
     parser.add_argument("--scale-in-cooldown", type=int, default=600, help="seconds between scale-ins (600)")
     parser.add_argument("--remove", action="store_true", help="delete the policies and the scalable target")
-    _aws.add_session_args(parser)
+    aws.add_session_args(parser)
     args = parser.parse_args(argv)
     try:
         validate(args)
-    except _aws.UsageError as exc:
-        return _aws.fail(str(exc))
+    except aws.UsageError as exc:
+        return aws.fail(str(exc))
     try:
-        aas = _aws.client("application-autoscaling", region=args.region, profile=args.profile)
-        cw = _aws.client("cloudwatch", region=args.region, profile=args.profile)
+        aas = aws.client("application-autoscaling", region=args.region, profile=args.profile)
+        cw = aws.client("cloudwatch", region=args.region, profile=args.profile)
         if args.remove:
             lines = remove_scaling(aas, cw, endpoint=args.endpoint, variant=args.variant)
         else:
             check_endpoint(
-                _aws.client("sagemaker", region=args.region, profile=args.profile),
+                aws.client("sagemaker", region=args.region, profile=args.profile),
                 args.endpoint,
                 args.variant,
                 args.metric,
@@ -318,10 +265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 scale_in_cooldown=args.scale_in_cooldown,
                 scale_out_cooldown=args.scale_out_cooldown,
             )
-    except _aws.UsageError as exc:
-        return _aws.fail(str(exc))
+    except aws.UsageError as exc:
+        return aws.fail(str(exc))
     except ClientError as exc:
-        return _aws.fail(f"AWS: {exc}")
+        return aws.fail(f"AWS: {exc}")
     for line in lines:
         print(line)
     return 0

@@ -6,12 +6,12 @@ application/jsonlines (one result line per input line comes back). A busy endpoi
 design); those calls are retried with capped exponential backoff and full jitter. Other errors are printed
 once and end the script.
 
-With --async (an endpoint deployed with deploy_endpoint.py --async) the file is uploaded under --input-s3,
+With --async (an endpoint made by `endpoint deploy --async`) the file is uploaded under --input-s3,
 InvokeEndpointAsync queues it, and the script polls the output and failure locations until one appears,
 then prints the answer (or the failure, exit non-zero).
 
-    python scripts/invoke_endpoint.py --endpoint semif-qwen --request examples/request.json
-    python scripts/invoke_endpoint.py --async --endpoint semif-qwen-async --request batch.jsonl \
+    semif-ops endpoint invoke --endpoint semif-qwen --request examples/request.json
+    semif-ops endpoint invoke --async --endpoint semif-qwen-async --request batch.jsonl \
         --input-s3 s3://my-bucket/semif/async-in --invocation-timeout 1800
 """
 
@@ -29,11 +29,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-try:
-    from scripts import _aws
-except ModuleNotFoundError:  # run as a file: python scripts/invoke_endpoint.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from scripts import _aws
+from semif_ops import aws
 
 BODY_KEYS = ("decision", "decisions", "questions")
 JSONLINES_SUFFIXES = (".jsonl", ".ndjson")
@@ -46,9 +42,9 @@ RETRYABLE_CODES = {"ServiceUnavailable", "ServiceUnavailableException", "Throttl
 
 def is_retryable(exc: ClientError) -> bool:
     """503 from SageMaker itself, throttling, or the container's own 503 wrapped in a ModelError."""
-    if _aws.http_status(exc) == 503 or _aws.error_code(exc) in RETRYABLE_CODES:
+    if aws.http_status(exc) == 503 or aws.error_code(exc) in RETRYABLE_CODES:
         return True
-    return _aws.error_code(exc) == "ModelError" and exc.response.get("OriginalStatusCode") == 503
+    return aws.error_code(exc) == "ModelError" and exc.response.get("OriginalStatusCode") == 503
 
 
 def backoff(attempt: int, *, base_s: float, cap_s: float, rng: Callable[[float, float], float]) -> float:
@@ -80,7 +76,7 @@ def invoke_with_retry(
             if not is_retryable(exc) or attempt == max_attempts - 1:
                 raise
             delay = backoff(attempt, base_s=base_s, cap_s=cap_s, rng=rng)
-            log(f"attempt {attempt + 1}: {_aws.error_code(exc)} (503), retrying in {delay:.2f}s")
+            log(f"attempt {attempt + 1}: {aws.error_code(exc)} (503), retrying in {delay:.2f}s")
             sleep(delay)
             continue
         response["Body"] = response["Body"].read()
@@ -92,9 +88,9 @@ def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        raise _aws.UsageError(f"request file not found: {path}") from None
+        raise aws.UsageError(f"request file not found: {path}") from None
     except IsADirectoryError:
-        raise _aws.UsageError(f"request path is a directory: {path}") from None
+        raise aws.UsageError(f"request path is a directory: {path}") from None
 
 
 def load_jsonlines(path: Path) -> bytes:
@@ -107,12 +103,12 @@ def load_jsonlines(path: Path) -> bytes:
         try:
             value = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise _aws.UsageError(f"{path} line {number} is not JSON: {exc}") from None
+            raise aws.UsageError(f"{path} line {number} is not JSON: {exc}") from None
         if not isinstance(value, dict):
-            raise _aws.UsageError(f"{path} line {number} must be a JSON object (one decision)")
+            raise aws.UsageError(f"{path} line {number} must be a JSON object (one decision)")
         count += 1
     if not count:
-        raise _aws.UsageError(f"{path} has no decision lines")
+        raise aws.UsageError(f"{path} has no decision lines")
     return raw
 
 
@@ -129,14 +125,14 @@ def load_request(path: Path) -> bytes:
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _aws.UsageError(f"{path} is not JSON: {exc}") from None
+        raise aws.UsageError(f"{path} is not JSON: {exc}") from None
     present = [k for k in BODY_KEYS if isinstance(body, dict) and k in body]
     if len(present) != 1:
-        raise _aws.UsageError(f"{path} must be an object with exactly one of {', '.join(BODY_KEYS)}")
+        raise aws.UsageError(f"{path} must be an object with exactly one of {', '.join(BODY_KEYS)}")
     if present[0] in ("decisions", "questions") and not (
         isinstance(body[present[0]], list) and body[present[0]]
     ):
-        raise _aws.UsageError(f"{path}: '{present[0]}' must be a non-empty list")
+        raise aws.UsageError(f"{path}: '{present[0]}' must be a non-empty list")
     return raw
 
 
@@ -145,12 +141,12 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-attempts", type=int, default=6, help="attempts in all, for 503s")
     parser.add_argument("--base-delay", type=float, default=0.5, help="first backoff ceiling, seconds")
     parser.add_argument("--max-delay", type=float, default=8.0, help="backoff cap, seconds")
-    _aws.add_session_args(parser)
+    aws.add_session_args(parser)
 
 
 def runtime_client(args: argparse.Namespace) -> Any:
     # botocore's own retries off (1 attempt): this script owns the retry policy and its jitter.
-    return _aws.client("sagemaker-runtime", region=args.region, profile=args.profile, retries=1)
+    return aws.client("sagemaker-runtime", region=args.region, profile=args.profile, retries=1)
 
 
 def print_answer(raw: bytes, content_type: str = "application/json") -> None:
@@ -167,11 +163,11 @@ def print_answer(raw: bytes, content_type: str = "application/json") -> None:
 
 def _s3_object(s3: Any, uri: str) -> bytes | None:
     """The object's bytes, or None while it does not exist yet."""
-    bucket, key = _aws.parse_s3_uri(uri, "location")
+    bucket, key = aws.parse_s3_uri(uri, "location")
     try:
         return bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     except ClientError as exc:
-        if _aws.error_code(exc) in {"NoSuchKey", "404", "NotFound"}:
+        if aws.error_code(exc) in {"NoSuchKey", "404", "NotFound"}:
             return None
         raise
 
@@ -188,7 +184,7 @@ def invoke_async(
     ttl_s: int,
 ) -> dict[str, Any]:
     """Upload the body under ``input_s3`` and queue it; returns InvokeEndpointAsync's answer."""
-    bucket, prefix = _aws.parse_s3_uri(input_s3, "--input-s3")
+    bucket, prefix = aws.parse_s3_uri(input_s3, "--input-s3")
     inference_id = str(uuid.uuid4())
     suffix = ".jsonl" if content_type == JSONLINES else ".json"
     key = f"{prefix.rstrip('/')}/{inference_id}{suffix}".lstrip("/")
@@ -230,7 +226,7 @@ def wait_for_result(
             return True, "failed"
         return False, "queued or running"
 
-    _aws.wait_until(poll, timeout_s=timeout_s, interval_s=interval_s, describe="async inference", sleep=sleep)
+    aws.wait_until(poll, timeout_s=timeout_s, interval_s=interval_s, describe="async inference", sleep=sleep)
     assert found is not None
     return found
 
@@ -246,19 +242,19 @@ def validate_async(args: argparse.Namespace) -> None:
             if value is not None
         ]
         if given:
-            raise _aws.UsageError(f"{', '.join(given)} apply to --async only")
+            raise aws.UsageError(f"{', '.join(given)} apply to --async only")
         return
     if not args.input_s3:
-        raise _aws.UsageError("--async needs --input-s3 s3://<bucket>/<prefix> to upload the request to")
-    _aws.parse_s3_uri(args.input_s3, "--input-s3")
+        raise aws.UsageError("--async needs --input-s3 s3://<bucket>/<prefix> to upload the request to")
+    aws.parse_s3_uri(args.input_s3, "--input-s3")
     if args.invocation_timeout is None:
         args.invocation_timeout = ASYNC_DEFAULT_TIMEOUT_S
-    _aws.check_range("--invocation-timeout", args.invocation_timeout, 1, ASYNC_MAX_TIMEOUT_S, " seconds")
-    _aws.check_range("--ttl", args.ttl, *TTL_RANGE_S, " seconds")
+    aws.check_range("--invocation-timeout", args.invocation_timeout, 1, ASYNC_MAX_TIMEOUT_S, " seconds")
+    aws.check_range("--ttl", args.ttl, *TTL_RANGE_S, " seconds")
     if args.wait_timeout is not None and args.wait_timeout <= 0:
-        raise _aws.UsageError(f"--wait-timeout must be above 0, got {args.wait_timeout:g}")
+        raise aws.UsageError(f"--wait-timeout must be above 0, got {args.wait_timeout:g}")
     if args.poll <= 0:
-        raise _aws.UsageError(f"--poll must be above 0, got {args.poll:g}")
+        raise aws.UsageError(f"--poll must be above 0, got {args.poll:g}")
 
 
 def add_async_arguments(parser: argparse.ArgumentParser) -> None:
@@ -269,7 +265,7 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> None:
         "--invocation-timeout",
         type=int,
         help=f"seconds the container may work on it, 1-{ASYNC_MAX_TIMEOUT_S} "
-        f"(default {ASYNC_DEFAULT_TIMEOUT_S}); as given to deploy_endpoint.py --async",
+        f"(default {ASYNC_DEFAULT_TIMEOUT_S}); as given to semif-ops endpoint deploy --async",
     )
     group.add_argument(
         "--ttl", type=int, default=TTL_RANGE_S[1], help="seconds it may wait in the queue (60-21600)"
@@ -284,8 +280,8 @@ def add_async_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_async(args: argparse.Namespace, body: bytes, content_type: str) -> int:
-    s3 = _aws.client("s3", region=args.region, profile=args.profile)
-    runtime = _aws.client("sagemaker-runtime", region=args.region, profile=args.profile)
+    s3 = aws.client("s3", region=args.region, profile=args.profile)
+    runtime = aws.client("sagemaker-runtime", region=args.region, profile=args.profile)
     try:
         queued = invoke_async(
             runtime,
@@ -307,19 +303,19 @@ def run_async(args: argparse.Namespace, body: bytes, content_type: str) -> int:
             s3, output=output, failure=failure, timeout_s=wait_s, interval_s=args.poll
         )
     except ClientError as exc:
-        return _aws.fail(_aws.describe(exc))
+        return aws.fail(aws.describe(exc))
     except TimeoutError as exc:
-        return _aws.fail(f"{exc}; the answer will appear at {output}")
+        return aws.fail(f"{exc}; the answer will appear at {output}")
     if not succeeded:
         detail = content.decode("utf-8", errors="replace").strip().replace("\n", " ")
-        return _aws.fail(f"async inference failed ({failure}): {detail}")
+        return aws.fail(f"async inference failed ({failure}): {detail}")
     print_answer(content, content_type)
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_runtime_arguments(parser)
     parser.add_argument(
@@ -330,8 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         validate_async(args)
         body, content_type = load_body(args.request)
-    except _aws.UsageError as exc:
-        return _aws.fail(str(exc))
+    except aws.UsageError as exc:
+        return aws.fail(str(exc))
     if args.async_mode:
         return run_async(args, body, content_type)
     try:
@@ -346,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cap_s=args.max_delay,
         )
     except ClientError as exc:
-        return _aws.fail(_aws.describe(exc))
+        return aws.fail(aws.describe(exc))
     print_answer(response["Body"], content_type)
     return 0
 

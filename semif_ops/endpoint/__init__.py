@@ -1,0 +1,1 @@
+"""``semif-ops endpoint``: deploy, invoke, scale, clean up SageMaker endpoints and run batch transforms."""
