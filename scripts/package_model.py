@@ -27,9 +27,9 @@ except ModuleNotFoundError:  # run as a file: python scripts/package_model.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from scripts import _aws
 
-from semif_adapter.calibration import Calibration
 from semif_adapter.errors import ModelLoadError
-from semif_adapter.manifest import MANIFEST_NAME, ModelManifest, load_manifest
+from semif_adapter.model.calibration import Calibration
+from semif_adapter.model.manifest import MANIFEST_NAME, ModelManifest, load_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 CALIBRATION_NAME = "calibration.json"

@@ -28,7 +28,7 @@ except ModuleNotFoundError:  # run as a file: python scripts/prepare_model_build
     from scripts import _aws
 
 from semif_adapter.errors import ModelLoadError
-from semif_adapter.manifest import MANIFEST_NAME, ModelManifest, load_manifest
+from semif_adapter.model.manifest import MANIFEST_NAME, ModelManifest, load_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 

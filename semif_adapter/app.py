@@ -23,13 +23,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import __version__, auth, request_scope
-from .body import read_body
-from .decision_json import numbered_lines, read_decision_json, refuse_counts, refuse_options
-from .errors import DecisionValidationError, SemifError, UnsupportedMediaType
-from .framing import AmbiguousFramingGuard
-from .metrics import Metrics
-from .protocol import (
+from semif_adapter import __version__
+from semif_adapter.errors import DecisionValidationError, SemifError, UnsupportedMediaType
+from semif_adapter.http import auth, request_scope
+from semif_adapter.http.body import read_body
+from semif_adapter.http.decision_json import numbered_lines, read_decision_json, refuse_counts, refuse_options
+from semif_adapter.http.framing import AmbiguousFramingGuard
+from semif_adapter.metrics import Metrics
+from semif_adapter.protocol import (
     Decision,
     ErrorResponse,
     InvocationRequest,
@@ -37,8 +38,8 @@ from .protocol import (
     SingleResponse,
     check_shared_batch,
 )
-from .serving import DecisionService, Engine
-from .settings import Settings
+from semif_adapter.serving import DecisionService, Engine
+from semif_adapter.settings import Settings
 
 log = logging.getLogger("semif_adapter.http")
 T = TypeVar("T")
@@ -260,7 +261,7 @@ def create_app(
             )
         payload, parsed = await off_loop(len(body), lambda: _parse_invocation(body))
         if parsed is None:
-            from .systemone import answer_systemone_invocation
+            from semif_adapter.systemone import answer_systemone_invocation
 
             return await answer_systemone_invocation(request, service, payload)
         single = parsed.decision is not None
@@ -381,7 +382,7 @@ def create_app(
     app.openapi = custom_openapi  # type: ignore[method-assign]
 
     try:
-        from .systemone.routes import router as systemone_router
+        from semif_adapter.systemone.routes import router as systemone_router
     except ImportError:  # pragma: no cover - only while the package is being assembled
         systemone_router = None
     if systemone_router is not None:

@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .errors import SemifError
-from .settings import Settings
+from semif_adapter.errors import SemifError
+from semif_adapter.settings import Settings
 
 log = logging.getLogger("semif_adapter")
 # After the grace period, time for an aborted request to stop (within one decode call) and be answered.
@@ -69,12 +69,12 @@ def _graceful_server(config: Any, service: Any = None, grace_s: float = 0.0) -> 
 def serve(_: argparse.Namespace) -> int:
     import uvicorn
 
-    from .app import create_app
-    from .auth import on_sagemaker
-    from .connections import default_max_connections, guarded_protocol, raise_fd_limit
-    from .engine import DecisionEngine
-    from .logs import configure_logging
-    from .model_discovery import discover_gguf
+    from semif_adapter.app import create_app
+    from semif_adapter.engine import DecisionEngine
+    from semif_adapter.http.auth import on_sagemaker
+    from semif_adapter.http.connections import default_max_connections, guarded_protocol, raise_fd_limit
+    from semif_adapter.logs import configure_logging
+    from semif_adapter.model.discovery import discover_gguf
 
     settings = _settings_or_exit()
     configure_logging(settings.log_level)
@@ -118,9 +118,9 @@ def serve(_: argparse.Namespace) -> int:
 
 def score(args: argparse.Namespace) -> int:
     """One-shot scoring without a server: read a request JSON, print the response JSON."""
-    from .engine import DecisionEngine
-    from .model_discovery import discover_gguf
-    from .protocol import InvocationRequest
+    from semif_adapter.engine import DecisionEngine
+    from semif_adapter.model.discovery import discover_gguf
+    from semif_adapter.protocol import InvocationRequest
 
     settings = _settings_or_exit()
     logging.basicConfig(level=logging.WARNING)
@@ -147,7 +147,7 @@ def score(args: argparse.Namespace) -> int:
 
 
 def demo_models(args: argparse.Namespace) -> int:
-    from .demo_models import main as demo_main
+    from semif_adapter.model.demo_models import main as demo_main
 
     return demo_main(args.rest)
 
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_models.add_argument("rest", nargs=argparse.REMAINDER)
     p_models.set_defaults(func=demo_models)
     try:
-        from .eval.cli import add_parser as add_eval_subcommands
+        from semif_adapter.eval.cli import add_parser as add_eval_subcommands
     except ImportError:  # pragma: no cover - eval extras not installed
         pass
     else:

@@ -14,14 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import request_scope
-from .admission import Admission
-from .engine.deadline import SHUTTING_DOWN, ClientDisconnected, Deadline, DeadlineExceeded
-from .errors import EngineFailure, ModelBusy, NotReady, SemifError
-from .metrics import Metrics
-from .protocol import BatchResult, Decision, ModelInfo
-from .settings import Settings
-from .throughput import Throughput
+from semif_adapter.engine.deadline import SHUTTING_DOWN, ClientDisconnected, Deadline, DeadlineExceeded
+from semif_adapter.errors import EngineFailure, ModelBusy, NotReady, SemifError
+from semif_adapter.http import request_scope
+from semif_adapter.http.admission import Admission
+from semif_adapter.metrics import Metrics
+from semif_adapter.protocol import BatchResult, Decision, ModelInfo
+from semif_adapter.settings import Settings
+from semif_adapter.throughput import Throughput
 
 log = logging.getLogger("semif_adapter.serving")
 

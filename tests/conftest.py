@@ -21,8 +21,8 @@ from support import (
     wait_for_ping,
 )
 
-from semif_adapter.demo_models import ensure_model
 from semif_adapter.engine import DecisionEngine
+from semif_adapter.model.demo_models import ensure_model
 
 # tests/image runs against a built image and its running container; scripts/test_image.py (make test-image)
 # builds both and sets SEMIF_TEST_IMAGE. `make test` has no container, so it does not collect them.

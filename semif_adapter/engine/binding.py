@@ -40,8 +40,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelLoadError
-from . import abi
+from semif_adapter.engine import abi
+from semif_adapter.errors import ModelLoadError
 
 HELPERS = "llama_cpp._ctypes_extensions"
 

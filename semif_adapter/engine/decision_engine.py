@@ -29,10 +29,15 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from ..calibration import Calibration, apply_temperature, find_calibration
-from ..errors import DecisionValidationError, EngineFailure, SemifError, TokenBudgetExceeded
-from ..manifest import verify_model_file
-from ..protocol import (
+from semif_adapter.engine.deadline import Deadline
+from semif_adapter.engine.labels import LabelSet, build_label_set
+from semif_adapter.engine.llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
+from semif_adapter.engine.prefix_cache import CacheStats, PrefixCache, SavedPrefix
+from semif_adapter.engine.prompt import PROMPT_VERSION, PromptHasher, Scaffold, build_scaffold, decision_text
+from semif_adapter.errors import DecisionValidationError, EngineFailure, SemifError, TokenBudgetExceeded
+from semif_adapter.model.calibration import Calibration, apply_temperature, find_calibration
+from semif_adapter.model.manifest import verify_model_file
+from semif_adapter.protocol import (
     BatchResult,
     BatchTiming,
     CalibrationApplied,
@@ -42,12 +47,7 @@ from ..protocol import (
     ModelInfo,
     check_shared_batch,
 )
-from ..settings import Settings
-from .deadline import Deadline
-from .labels import LabelSet, build_label_set
-from .llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
-from .prefix_cache import CacheStats, PrefixCache, SavedPrefix
-from .prompt import PROMPT_VERSION, PromptHasher, Scaffold, build_scaffold, decision_text
+from semif_adapter.settings import Settings
 
 # Oversized-state check: slice length in characters, and tokens a cut may add over the whole text's count.
 SLICE_CHARS = 16_384

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import EngineFailure, ModelLoadError
-from . import abi, binding
+from semif_adapter.engine import abi, binding
+from semif_adapter.errors import EngineFailure, ModelLoadError
 
 if TYPE_CHECKING:
-    from .deadline import Deadline
+    from semif_adapter.engine.deadline import Deadline
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from semif_adapter.auth import AuthenticationFailed
 from semif_adapter.errors import DecisionValidationError, SemifError
+from semif_adapter.http.auth import AuthenticationFailed
 
 log = logging.getLogger(__name__)
 

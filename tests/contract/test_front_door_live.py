@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 from support import LiveServer, start_request_in_engine
 
-from semif_adapter.demo_models import MODELS
+from semif_adapter.model.demo_models import MODELS
 
 GEMMA = MODELS["gemma"]
 

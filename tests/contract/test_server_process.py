@@ -12,7 +12,7 @@ import httpx
 import pytest
 from support import LiveServer, make_model_dir, start_request_in_engine, thread_nice
 
-from semif_adapter.demo_models import MODELS
+from semif_adapter.model.demo_models import MODELS
 from semif_adapter.settings import available_cores
 
 GEMMA = MODELS["gemma"]

@@ -132,7 +132,7 @@ def test_build_pushes_through_codebuild_and_prints_digest_uri(
             "pyproject.toml",
             "docker/entrypoint.sh",
             "docker/requirements.lock",
-            "semif_adapter/manifest.py",
+            "semif_adapter/model/manifest.py",
             "scripts/llama_abi.py",
             "docker/check-base.sh",
             "docker/wheelhouse/context.json",

@@ -9,7 +9,7 @@ import pytest
 from deploy_helpers import GEMMA_BYTES, GEMMA_SHA256, REPO_ROOT, manifest_for, write_manifest
 
 from semif_adapter.errors import ModelLoadError
-from semif_adapter.manifest import ModelManifest, load_manifest, verify_model_file
+from semif_adapter.model.manifest import ModelManifest, load_manifest, verify_model_file
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from evalserver import DEVSET, LocalServer
 
-from semif_adapter.calibration import Calibration
 from semif_adapter.eval.cli import benchmark_main, calibrate_main
 from semif_adapter.eval.results import RunResult
+from semif_adapter.model.calibration import Calibration
 
 REPO = Path(__file__).resolve().parents[2]
 

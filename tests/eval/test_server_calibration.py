@@ -18,10 +18,10 @@ import pytest
 from evalserver import DEVSET
 from support import LiveServer, make_model_dir
 
-from semif_adapter.calibration import CalibrationFile
 from semif_adapter.eval.calibrate import write_calibration
 from semif_adapter.eval.mapping import task_to_invocation, task_to_systemone_request
 from semif_adapter.eval.tasks import Task, load_tasks
+from semif_adapter.model.calibration import CalibrationFile
 
 ServerFactory = Callable[..., LiveServer]
 

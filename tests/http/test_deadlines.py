@@ -21,7 +21,7 @@ import httpx
 import pytest
 from support import LiveServer
 
-from semif_adapter.request_scope import InvalidTimeout, requested_limit
+from semif_adapter.http.request_scope import InvalidTimeout, requested_limit
 
 DECISION = {
     "id": "route",

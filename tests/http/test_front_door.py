@@ -16,10 +16,10 @@ from test_app import DECISION, FakeEngine, _fake_app, _wait_ready
 
 from semif_adapter import app as app_module
 from semif_adapter.app import create_app
-from semif_adapter.auth import on_sagemaker, requires_key
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.engine.deadline import SHUTTING_DOWN, Deadline
 from semif_adapter.errors import ShuttingDown, TokenBudgetExceeded
+from semif_adapter.http.auth import on_sagemaker, requires_key
 
 JSONL = {"Content-Type": "application/jsonlines"}
 OTHER = {**DECISION, "id": "urgent", "question": "Is it urgent?", "options": [{"id": "yes"}, {"id": "no"}]}

@@ -34,9 +34,9 @@ from hypothesis import strategies as st
 from support import engine_settings
 
 from semif_adapter.app import create_app
-from semif_adapter.decision_json import numbered_lines
 from semif_adapter.engine import DecisionEngine
-from semif_adapter.framing import AmbiguousFramingGuard
+from semif_adapter.http.decision_json import numbered_lines
+from semif_adapter.http.framing import AmbiguousFramingGuard
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

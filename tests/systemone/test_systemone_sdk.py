@@ -27,7 +27,7 @@ from typesafe_sdk import (
     TypeSafeUnprocessableEntityError,
 )
 
-from semif_adapter.systemone.sagemaker_transport import SageMakerTransport
+from semif_client.sagemaker_transport import SageMakerTransport
 
 NO_RETRY = RetryPolicy(max_retries=0)
 TIMEOUT = 120.0  # 2 shared cores: the SDK default of 10 s is too short under parallel test load

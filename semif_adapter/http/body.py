@@ -14,8 +14,8 @@ from typing import Protocol
 import zstandard
 from starlette.requests import ClientDisconnect, Request
 
-from .errors import SemifError
-from .settings import Settings
+from semif_adapter.errors import SemifError
+from semif_adapter.settings import Settings
 
 
 class BodyTooLarge(SemifError):
