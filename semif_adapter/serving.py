@@ -35,7 +35,9 @@ WARMUP = Decision(
 
 class Engine(Protocol):
     model_info: ModelInfo
-    max_options: int
+
+    @property
+    def max_options(self) -> int: ...
 
     def score(self, decisions: Sequence[Decision], cancel: Deadline | None = None) -> BatchResult: ...
     def reset_prefix_cache(self) -> None: ...
@@ -197,7 +199,7 @@ class DecisionService:
                 try:
                     batches.append(engine.score(group, cancel=cancel))
                 except SemifError as exc:
-                    exc.group = index  # type: ignore[attr-defined]  # lets the caller name the line
+                    exc.group = index  # lets the caller name the line
                     raise
             return batches
 
