@@ -54,7 +54,8 @@ models: install-test
 	$(PY) -m semif_adapter.model.demo_models gemma qwen
 
 lint: install-test
-	$(PY) -m ruff check semif_adapter scripts tests benchmarks
+	$(PY) -m ruff check semif_adapter semif_client scripts tests benchmarks
+	$(PY) -m mypy
 	$(PY) scripts/check_dockerfiles.py --hadolint
 
 test: models lint

