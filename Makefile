@@ -47,15 +47,16 @@ install: $(VENV)/.runtime-installed
 install-test: $(VENV)/.test-installed
 
 serve: install
-	@gguf=$$($(PY) -m semif_adapter.demo_models $(DEMO_MODEL)) && \
+	@gguf=$$($(PY) -m semif_adapter.model.demo_models $(DEMO_MODEL)) && \
 	  echo "serving $$gguf on :$${SEMIF_PORT:-8080}" && \
 	  SEMIF_GGUF_PATH="$${SEMIF_GGUF_PATH:-$$gguf}" exec $(PY) -m semif_adapter serve
 
 models: install-test
-	$(PY) -m semif_adapter.demo_models gemma qwen
+	$(PY) -m semif_adapter.model.demo_models gemma qwen
 
 lint: install-test
-	$(PY) -m ruff check semif_adapter semif_ops scripts tests benchmarks
+	$(PY) -m ruff check semif_adapter semif_client semif_ops scripts tests benchmarks
+	$(PY) -m mypy
 	$(PY) -m semif_ops image check --hadolint
 
 test: models lint

@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from semif_adapter.demo_models import MODELS, ensure_model
 from semif_adapter.engine import DecisionEngine
+from semif_adapter.model.demo_models import MODELS, ensure_model
 from semif_adapter.settings import Settings, available_cores
 
 ACTIONS = ["reply", "search", "run tool", "ask human", "wait", "stop"]

@@ -20,9 +20,9 @@ import statistics
 import time
 from pathlib import Path
 
-from semif_adapter.demo_models import MODELS, ensure_model
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.engine.llama_backend import PREFIX_SEQ
+from semif_adapter.model.demo_models import MODELS, ensure_model
 from semif_adapter.settings import Settings, available_cores
 
 SENTENCES = [

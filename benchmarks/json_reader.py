@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from semif_adapter.json_reader import read_json
+from semif_adapter.http.json_reader import read_json
 
 LIMIT = 6 * 1024 * 1024
 WORDS = ["charged", "twice", "refund", "seat", "invoice", "ticket", "é", "😀", "queue", "urgent"]

@@ -33,7 +33,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from soak import DECISION, server_stats, start_server
 
-from semif_adapter.demo_models import ensure_model
+from semif_adapter.model.demo_models import ensure_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 JSON_BODY = {"Content-Type": "application/json"}

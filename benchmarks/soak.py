@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from semif_adapter.demo_models import ensure_model
+from semif_adapter.model.demo_models import ensure_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE = "A customer was charged twice for the same seat this month and asks for a refund of one charge."

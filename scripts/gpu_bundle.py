@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.tokenizer_from is None:
-        from semif_adapter.demo_models import ensure_model
+        from semif_adapter.model.demo_models import ensure_model
 
         args.tokenizer_from = ensure_model("qwen")
     manifest = build(args.out, args.tokenizer_from, args.max_mib)

@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .errors import SemifError
-from .settings import Settings
+from semif_adapter.errors import SemifError
+from semif_adapter.settings import Settings
 
 log = logging.getLogger("semif_adapter")
 # After the grace period, time for an aborted request to stop (within one decode call) and be answered.
@@ -69,15 +69,22 @@ def _graceful_server(config: Any, service: Any = None, grace_s: float = 0.0) -> 
 def serve(_: argparse.Namespace) -> int:
     import uvicorn
 
-    from .app import create_app
-    from .auth import on_sagemaker
-    from .connections import default_max_connections, guarded_protocol, raise_fd_limit
-    from .engine import DecisionEngine
-    from .logs import configure_logging
-    from .model_discovery import discover_gguf
+    from semif_adapter.app import create_app
+    from semif_adapter.batch_transform import BatchTransformMismatch, fit_to_batch_transform
+    from semif_adapter.engine import DecisionEngine
+    from semif_adapter.http.auth import on_sagemaker
+    from semif_adapter.http.connections import default_max_connections, guarded_protocol, raise_fd_limit
+    from semif_adapter.logs import configure_logging
+    from semif_adapter.model.discovery import discover_gguf
 
-    settings = _settings_or_exit()
+    try:
+        settings, fitted = fit_to_batch_transform(_settings_or_exit())
+    except BatchTransformMismatch as exc:
+        print(f"semif-adapter: batch transform: {exc}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level)
+    for line in fitted:
+        log.info(line)
     try:
         gguf = discover_gguf(settings)
     except SemifError as exc:
@@ -96,7 +103,7 @@ def serve(_: argparse.Namespace) -> int:
             "SEMIF_API_KEY is set on SageMaker: InvokeEndpoint cannot send an Authorization header, so every "
             "invocation will get 401; IAM already guards InvokeEndpoint, unset the key there"
         )
-    app = create_app(settings, lambda: DecisionEngine.load(settings, gguf), on_fatal=on_fatal)
+    app = create_app(settings, lambda: DecisionEngine.load(settings.for_engine(), gguf), on_fatal=on_fatal)
     fd_limit = raise_fd_limit()
     max_connections = settings.max_connections or default_max_connections(fd_limit)
     config = uvicorn.Config(
@@ -107,7 +114,7 @@ def serve(_: argparse.Namespace) -> int:
         log_config=None,
         access_log=False,
         timeout_keep_alive=75,  # longer than SageMaker's 60 s invocation timeout
-        timeout_graceful_shutdown=settings.shutdown_grace_s + ABORT_MARGIN_S,
+        timeout_graceful_shutdown=settings.shutdown_grace_s + ABORT_MARGIN_S,  # type: ignore[arg-type]  # a float works; the hint says int
         lifespan="on",
     )
     server = _graceful_server(config, app.state.service, settings.shutdown_grace_s)
@@ -118,16 +125,16 @@ def serve(_: argparse.Namespace) -> int:
 
 def score(args: argparse.Namespace) -> int:
     """One-shot scoring without a server: read a request JSON, print the response JSON."""
-    from .engine import DecisionEngine
-    from .model_discovery import discover_gguf
-    from .protocol import InvocationRequest
+    from semif_adapter.engine import DecisionEngine
+    from semif_adapter.model.discovery import discover_gguf
+    from semif_adapter.protocol import InvocationRequest
 
     settings = _settings_or_exit()
     logging.basicConfig(level=logging.WARNING)
     text = sys.stdin.read() if args.request == "-" else Path(args.request).read_text()
     try:
         request = InvocationRequest.model_validate_json(text)
-        engine = DecisionEngine.load(settings, discover_gguf(settings))
+        engine = DecisionEngine.load(settings.for_engine(), discover_gguf(settings))
         batch = engine.score(request.all_decisions)
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -147,7 +154,7 @@ def score(args: argparse.Namespace) -> int:
 
 
 def demo_models(args: argparse.Namespace) -> int:
-    from .demo_models import main as demo_main
+    from semif_adapter.model.demo_models import main as demo_main
 
     return demo_main(args.rest)
 
@@ -164,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_models.add_argument("rest", nargs=argparse.REMAINDER)
     p_models.set_defaults(func=demo_models)
     try:
-        from .eval.cli import add_parser as add_eval_subcommands
+        from semif_adapter.eval.cli import add_parser as add_eval_subcommands
     except ImportError:  # pragma: no cover - eval extras not installed
         pass
     else:

@@ -6,7 +6,9 @@ so the mapping lives next to the error, not in every handler.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
 
 Loc = tuple[str | int, ...]
 
@@ -17,6 +19,9 @@ class SemifError(Exception):
     code = "internal_error"
     status = 500
     retryable = False
+    close_connection = False  # answer, then close: the rest of the stream cannot be trusted
+    extra: Mapping[str, Any] = MappingProxyType({})  # more wire fields, e.g. a deadline's token counts
+    group: int | None = None  # the same-state group of a JSON Lines body it arose in, to name the line
 
     def __init__(self, message: str, *, loc: Sequence[str | int] = ()) -> None:
         super().__init__(message)

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import DecisionValidationError
+from semif_adapter.errors import DecisionValidationError
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 MAX_ID_CHARS = 1024  # a decision id is echoed back, never read by the model: no reason for megabytes

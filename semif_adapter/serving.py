@@ -14,14 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import request_scope
-from .admission import Admission
-from .engine.deadline import SHUTTING_DOWN, ClientDisconnected, Deadline, DeadlineExceeded
-from .errors import EngineFailure, ModelBusy, NotReady, SemifError
-from .metrics import Metrics
-from .protocol import BatchResult, Decision, ModelInfo
-from .settings import Settings
-from .throughput import Throughput
+from semif_adapter.engine.deadline import SHUTTING_DOWN, ClientDisconnected, Deadline, DeadlineExceeded
+from semif_adapter.errors import EngineFailure, ModelBusy, NotReady, SemifError
+from semif_adapter.http import request_scope
+from semif_adapter.http.admission import Admission
+from semif_adapter.metrics import Metrics
+from semif_adapter.protocol import BatchResult, Decision, ModelInfo
+from semif_adapter.settings import Settings
+from semif_adapter.throughput import Throughput
 
 log = logging.getLogger("semif_adapter.serving")
 
@@ -35,7 +35,9 @@ WARMUP = Decision(
 
 class Engine(Protocol):
     model_info: ModelInfo
-    max_options: int
+
+    @property
+    def max_options(self) -> int: ...
 
     def score(self, decisions: Sequence[Decision], cancel: Deadline | None = None) -> BatchResult: ...
     def reset_prefix_cache(self) -> None: ...
@@ -197,7 +199,7 @@ class DecisionService:
                 try:
                     batches.append(engine.score(group, cancel=cancel))
                 except SemifError as exc:
-                    exc.group = index  # type: ignore[attr-defined]  # lets the caller name the line
+                    exc.group = index  # lets the caller name the line
                     raise
             return batches
 

@@ -1,6 +1,9 @@
-"""All runtime settings: one pydantic-settings class read from ``SEMIF_*`` environment variables.
+"""Runtime settings, read from ``SEMIF_*`` environment variables (pydantic-settings).
 
-A bad value stops start-up with pydantic's message naming the variable.
+Two parts: :class:`EngineSettings` is all the engine receives (model file, context, decoding, limits it
+enforces); :class:`ServerSettings` is the HTTP side (binding, bodies, queue, deadlines, auth).
+:class:`Settings` is both, as the server reads them at start-up. A bad value stops start-up with
+pydantic's message naming the variable.
 """
 
 from __future__ import annotations
@@ -21,14 +24,15 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SEMIF_", extra="ignore", frozen=True)
+SEMIF_ENV = SettingsConfigDict(env_prefix="SEMIF_", extra="ignore", frozen=True)
 
-    # --- model and engine -------------------------------------------------------------
+
+class EngineSettings(BaseSettings):
+    """What the decision engine uses: the model file, context, decoding and the limits it enforces."""
+
+    model_config = SEMIF_ENV
+
     gguf_path: Path | None = Field(default=None, description="GGUF file to serve; overrides discovery.")
-    model_dir: Path = Field(
-        default=Path("/opt/ml/model"), description="Where SageMaker extracts model.tar.gz."
-    )
     n_ctx: int = Field(default=8192, ge=256, description="Context size in tokens (state + one decision).")
     n_threads: int = Field(default_factory=available_cores, ge=1, description="CPU threads for decoding.")
     n_batch: int = Field(default=512, ge=32, description="Tokens per llama_decode call (fixed split).")
@@ -60,11 +64,27 @@ class Settings(BaseSettings):
     calibration_path: Path | None = Field(
         default=None, description="calibration.json; default: the one in the model directory, if any."
     )
-    warmup: bool = Field(default=True, description="Score one decision before /ping turns healthy.")
     llama_abi_record: Path | None = Field(
         default=None,
         description="llama-abi.json the image build verified; start-up refuses another libllama version.",
     )
+
+    @field_validator("gguf_path", "calibration_path", "llama_abi_record", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value in ("", None) else value
+
+
+class ServerSettings(BaseSettings):
+    """The server around the engine: model discovery, start-up, HTTP limits, deadlines, auth."""
+
+    model_config = SEMIF_ENV
+
+    # --- start-up ----------------------------------------------------------------------------
+    model_dir: Path = Field(
+        default=Path("/opt/ml/model"), description="Where SageMaker extracts model.tar.gz."
+    )
+    warmup: bool = Field(default=True, description="Score one decision before /ping turns healthy.")
 
     # --- HTTP ------------------------------------------------------------------------------
     host: str = Field(default="0.0.0.0", description="Bind address.")
@@ -132,7 +152,13 @@ class Settings(BaseSettings):
     )
     metrics_open: bool = Field(default=False, description="Serve /metrics without the API key.")
 
-    @field_validator("gguf_path", "calibration_path", "llama_abi_record", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: object) -> object:
-        return None if value in ("", None) else value
+
+class Settings(ServerSettings, EngineSettings):
+    """Everything the server reads at start-up; the engine gets only :meth:`for_engine`."""
+
+    def for_engine(self) -> EngineSettings:
+        """The engine's part, without the server's (API key, binding, HTTP limits)."""
+        return EngineSettings.model_construct(
+            _fields_set=self.model_fields_set & set(EngineSettings.model_fields),
+            **{name: getattr(self, name) for name in EngineSettings.model_fields},
+        )

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from semif_adapter.demo_models import ensure_model
 from semif_adapter.engine import DecisionEngine
+from semif_adapter.model.demo_models import ensure_model
 from tests.helpers.random_models import ensure_random_model
 from tests.helpers.support import (
     LiveServer,

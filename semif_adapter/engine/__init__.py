@@ -6,6 +6,6 @@
 Nothing here imports the HTTP layer.
 """
 
-from .decision_engine import DecisionEngine
+from semif_adapter.engine.decision_engine import DecisionEngine
 
 __all__ = ["DecisionEngine"]

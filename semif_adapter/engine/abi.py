@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import ModelLoadError
+from semif_adapter.errors import ModelLoadError
 
 BY_VALUE_STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch")
 

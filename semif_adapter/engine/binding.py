@@ -40,8 +40,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ModelLoadError
-from . import abi
+from semif_adapter.engine import abi
+from semif_adapter.errors import ModelLoadError
 
 HELPERS = "llama_cpp._ctypes_extensions"
 
@@ -284,7 +284,7 @@ def same_commit(a: str, b: str) -> bool:
 
 
 def _where(lib: Any) -> str:
-    return _report.path or getattr(lib, "_name", "?")
+    return _report.path or str(getattr(lib, "_name", "?"))
 
 
 def binding_layouts_for(lib: Any, module: Any, binding_version: str) -> dict[str, abi.Layout]:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import SemifError, ShuttingDown
+from semif_adapter.errors import SemifError, ShuttingDown
 
 DEADLINE = "deadline"
 DISCONNECTED = "disconnected"

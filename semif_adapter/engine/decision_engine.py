@@ -29,10 +29,15 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from ..calibration import Calibration, apply_temperature, find_calibration
-from ..errors import DecisionValidationError, EngineFailure, SemifError, TokenBudgetExceeded
-from ..manifest import verify_model_file
-from ..protocol import (
+from semif_adapter.engine.deadline import Deadline
+from semif_adapter.engine.labels import LabelSet, build_label_set
+from semif_adapter.engine.llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
+from semif_adapter.engine.prefix_cache import CacheStats, PrefixCache, SavedPrefix
+from semif_adapter.engine.prompt import PROMPT_VERSION, PromptHasher, Scaffold, build_scaffold, decision_text
+from semif_adapter.errors import DecisionValidationError, EngineFailure, SemifError, TokenBudgetExceeded
+from semif_adapter.model.calibration import Calibration, apply_temperature, find_calibration
+from semif_adapter.model.manifest import verify_model_file
+from semif_adapter.protocol import (
     BatchResult,
     BatchTiming,
     CalibrationApplied,
@@ -42,12 +47,7 @@ from ..protocol import (
     ModelInfo,
     check_shared_batch,
 )
-from ..settings import Settings
-from .deadline import Deadline
-from .labels import LabelSet, build_label_set
-from .llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
-from .prefix_cache import CacheStats, PrefixCache, SavedPrefix
-from .prompt import PROMPT_VERSION, PromptHasher, Scaffold, build_scaffold, decision_text
+from semif_adapter.settings import EngineSettings
 
 # Oversized-state check: slice length in characters, and tokens a cut may add over the whole text's count.
 SLICE_CHARS = 16_384
@@ -82,7 +82,7 @@ class DecisionEngine:
     def __init__(
         self,
         runtime: LlamaRuntime,
-        settings: Settings,
+        settings: EngineSettings,
         *,
         gguf_path: Path,
         sha256: str | None = None,
@@ -130,7 +130,7 @@ class DecisionEngine:
         )
 
     @classmethod
-    def load(cls, settings: Settings, gguf_path: Path | None = None) -> DecisionEngine:
+    def load(cls, settings: EngineSettings, gguf_path: Path | None = None) -> DecisionEngine:
         """Load the model named by ``gguf_path`` or the settings (discovery is the caller's job)."""
         path = gguf_path or settings.gguf_path
         if path is None:
@@ -210,7 +210,8 @@ class DecisionEngine:
         if not isinstance(decisions, Sequence) or isinstance(decisions, (str, bytes)):
             raise DecisionValidationError("decisions must be a list", loc=("decisions",))
         if len(decisions) > self.settings.max_decisions:  # before validating thousands of items
-            check_shared_batch(list(decisions), self.settings.max_decisions, self.settings.max_options)
+            too_many = list(decisions)  # only the count is read: refused before any item is validated
+            check_shared_batch(too_many, self.settings.max_decisions, self.settings.max_options)  # type: ignore[arg-type]
         parsed: list[Decision] = []
         for index, item in enumerate(decisions):
             if isinstance(item, Decision):

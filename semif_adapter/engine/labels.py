@@ -11,7 +11,7 @@ import string
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import DecisionValidationError, ModelLoadError
+from semif_adapter.errors import DecisionValidationError, ModelLoadError
 
 MAX_LABELS = 255
 

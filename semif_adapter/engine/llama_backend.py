@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import EngineFailure, ModelLoadError
-from . import abi, binding
+from semif_adapter.engine import abi, binding
+from semif_adapter.errors import EngineFailure, ModelLoadError
 
 if TYPE_CHECKING:
-    from .deadline import Deadline
+    from semif_adapter.engine.deadline import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def _init_backend(llama_cpp: Any, verbose: bool) -> None:
             return
         if not verbose:
 
-            @llama_cpp.llama_log_callback
+            @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]  # llama_cpp is untyped
             def _quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
                 if level == 4 and text:  # GGML_LOG_LEVEL_ERROR
                     message = text.decode("utf-8", "replace").rstrip()

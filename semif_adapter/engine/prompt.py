@@ -27,7 +27,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..errors import ModelLoadError
+from semif_adapter.errors import ModelLoadError
 
 PROMPT_VERSION = "semif-decision-v1"
 

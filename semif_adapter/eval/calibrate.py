@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from semif_adapter.calibration import CalibrationFile, apply_temperature, calibration_key
 from semif_adapter.eval import metrics
 from semif_adapter.eval.results import RunResult
+from semif_adapter.model.calibration import CalibrationFile, apply_temperature, calibration_key
 
 T_MIN = 0.05
 T_MAX = 20.0

@@ -277,12 +277,14 @@ def add_parser(subparsers: Any) -> None:
 
 def benchmark_main(argv: Sequence[str] | None = None) -> int:
     ns = configure_benchmark(argparse.ArgumentParser(prog="benchmark.py")).parse_args(argv)
-    return ns.func(ns)
+    status: int = ns.func(ns)
+    return status
 
 
 def calibrate_main(argv: Sequence[str] | None = None) -> int:
     ns = configure_calibrate(argparse.ArgumentParser(prog="calibrate.py")).parse_args(argv)
-    return ns.func(ns)
+    status: int = ns.func(ns)
+    return status
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

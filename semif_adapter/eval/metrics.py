@@ -16,11 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 ProbRows = Sequence[Sequence[float]]
 
 
-def argmax_first(probs: Sequence[float]) -> int:
+def argmax_first(probs: ArrayLike) -> int:
     """Index of the largest probability; an exact tie goes to the earlier label."""
     values = np.asarray(probs, dtype=np.float64)
     if values.size == 0:

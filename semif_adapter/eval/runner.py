@@ -41,7 +41,7 @@ class RetryPolicy:
         wait = backoff * rng.uniform(0.5, 1.0)
         if retry_after_s is not None:
             wait = max(wait, retry_after_s)
-        return min(self.cap_s, wait)
+        return float(min(self.cap_s, wait))
 
 
 class _Jitter:

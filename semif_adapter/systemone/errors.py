@@ -11,11 +11,14 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from semif_adapter.auth import AuthenticationFailed
 from semif_adapter.errors import DecisionValidationError, SemifError
+from semif_adapter.http.auth import AuthenticationFailed
+from semif_adapter.http.rendering import ErrorRenderer
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +76,28 @@ def systemone_error_response(exc: BaseException, retry_after_s: int = 1) -> JSON
         if exc.status >= 500 and not exc.retryable and exc.code != "deadline_exceeded":
             log.error("systemone request failed: %s", exc)
         body = _detail(exc.code, exc.message)
-        body["detail"].update(getattr(exc, "extra", {}))  # e.g. a deadline's token counts
+        body["detail"].update(exc.extra)  # e.g. a deadline's token counts
         return JSONResponse(body, status_code=exc.status, headers=headers)
     log.exception("unexpected error in systemone request", exc_info=exc)
     return JSONResponse(_detail("internal_error", "internal server error"), status_code=500)
+
+
+class SystemOneErrors(ErrorRenderer):
+    """The ``/v1/`` shape for errors raised outside the routes (key check, headers, framing, 404/405)."""
+
+    def body(self, exc: SemifError) -> dict[str, Any]:
+        return {"detail": {"error_type": exc.code, "message": str(exc), **exc.extra}}
+
+    def header_error(self, exc: SemifError, retry_after_s: int) -> JSONResponse:
+        issue = {"loc": list(exc.loc), "msg": exc.message, "type": "value_error"}
+        return JSONResponse({"detail": [issue]}, status_code=422)
+
+    def http_error(self, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    def validation_error(self, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+
+SYSTEMONE_ERRORS = SystemOneErrors()

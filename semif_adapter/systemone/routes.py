@@ -1,6 +1,6 @@
 """HTTP routes of the System One API: ``POST /v1/systemone`` and ``GET /v1/models``.
 
-The body is read with :func:`semif_adapter.body.read_body` (size/time limits, gzip/zstd) rather
+The body is read with :func:`semif_adapter.http.body.read_body` (size/time limits, gzip/zstd) rather
 than by FastAPI, so the request model is declared for OpenAPI only and validated in
 :func:`answer_systemone` — the same code path ``/invocations`` uses.
 """
@@ -14,9 +14,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from semif_adapter.auth import check_bearer
-from semif_adapter.body import read_body
 from semif_adapter.errors import NotReady
+from semif_adapter.http.auth import check_bearer
+from semif_adapter.http.body import read_body
 from semif_adapter.settings import Settings
 from semif_adapter.systemone.errors import systemone_error_response
 from semif_adapter.systemone.protocol import (
@@ -77,7 +77,7 @@ router = APIRouter(tags=["System One (Jev-compatible)"])
 
 
 def _service(request: Request) -> ScoringService:
-    service = getattr(request.app.state, "service", None)
+    service: ScoringService | None = getattr(request.app.state, "service", None)
     if service is None:
         raise NotReady("the model is still loading")
     return service

@@ -18,7 +18,7 @@ from semif_adapter.errors import (
     SemifError,
     TokenBudgetExceeded,
 )
-from semif_adapter.json_reader import DEFAULT_MAX_DEPTH, JsonError, read_json
+from semif_adapter.http.json_reader import DEFAULT_MAX_DEPTH, JsonError, read_json
 from semif_adapter.protocol import BatchResult, Decision
 from semif_adapter.settings import Settings
 from semif_adapter.systemone.answers import answer_for

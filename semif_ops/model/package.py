@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from hashlib import sha256
 from pathlib import Path
 
-from semif_adapter.calibration import Calibration
 from semif_adapter.errors import ModelLoadError
-from semif_adapter.manifest import MANIFEST_NAME, ModelManifest, load_manifest
+from semif_adapter.model.calibration import Calibration
+from semif_adapter.model.manifest import MANIFEST_NAME, ModelManifest, load_manifest
 from semif_ops import aws
 
 ROOT = Path(__file__).resolve().parents[2]

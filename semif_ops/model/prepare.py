@@ -21,7 +21,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from semif_adapter.errors import ModelLoadError
-from semif_adapter.manifest import MANIFEST_NAME, ModelManifest, load_manifest
+from semif_adapter.model.manifest import MANIFEST_NAME, ModelManifest, load_manifest
 from semif_ops import aws
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -227,7 +227,7 @@ def test_ping_answers_while_the_engine_is_busy(http: httpx.Client, live_server: 
 # Content-Length, bad chunk sizes, headers over h11's 16 KiB incomplete-event limit, header lines
 # without a colon or with NUL, and a garbage request line get h11's own plain-text 400 and the
 # connection is closed. Transfer-Encoding together with Content-Length is accepted by h11, so the app
-# refuses it (semif_adapter/framing.py: JSON 400 and Connection: close). 5,000 small headers that
+# refuses it (semif_adapter/http/framing.py: JSON 400 and Connection: close). 5,000 small headers that
 # arrive in one read pass h11 and reach the app, which answers the (deliberately bad) body with a 400.
 
 JSON = {"Content-Type": "application/json"}

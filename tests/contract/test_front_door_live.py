@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from semif_adapter.demo_models import MODELS
+from semif_adapter.model.demo_models import MODELS
 from tests.helpers.support import LiveServer, start_request_in_engine
 
 GEMMA = MODELS["gemma"]

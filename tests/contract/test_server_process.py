@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from semif_adapter.demo_models import MODELS
+from semif_adapter.model.demo_models import MODELS
 from semif_adapter.settings import available_cores
 from tests.helpers.support import LiveServer, make_model_dir, start_request_in_engine, thread_nice
 
@@ -78,6 +78,33 @@ def test_invalid_setting_stops_start_up_naming_the_variable(tmp_path: Path, serv
     server = server_factory(tmp_path, {"SEMIF_N_CTX": "lots"}, wait_ready=False)
     assert _exit_code(server) == 2
     assert "SEMIF_N_CTX" in server.log_text()
+
+
+@pytest.mark.parametrize(
+    ("job", "needle"),
+    [
+        ({"SAGEMAKER_MAX_PAYLOAD_IN_MB": "20", "SEMIF_MAX_BODY_BYTES": "6291456"}, "BYTES=6291456"),
+        ({"SAGEMAKER_MAX_CONCURRENT_TRANSFORMS": "4", "SEMIF_MAX_QUEUE": "0"}, "SEMIF_MAX_QUEUE=0"),
+    ],
+)
+def test_a_transform_job_the_settings_cannot_serve_stops_start_up(
+    tmp_path: Path, server_factory, job: dict, needle: str
+) -> None:
+    server = server_factory(tmp_path, {"SAGEMAKER_BATCH": "true", **job}, wait_ready=False)
+    assert _exit_code(server) == 2
+    (line,) = server.log_text().strip().splitlines()  # one line, naming both sides of the mismatch
+    assert line.startswith("semif-adapter: batch transform: SAGEMAKER_") and needle in line
+
+
+def test_a_transform_job_with_larger_payloads_raises_the_body_limit(
+    tmp_path: Path, server_factory, gemma_gguf: Path
+) -> None:
+    job = {"SAGEMAKER_BATCH": "true", "SAGEMAKER_MAX_PAYLOAD_IN_MB": "8", "SEMIF_GGUF_PATH": str(gemma_gguf)}
+    server = server_factory(None, job)
+    body = b'{"decision": ' + b" " * (7 * 1024 * 1024) + b"}"  # above the default 6 MiB, within 8 MiB
+    response = httpx.post(server.url + "/invocations", content=body, timeout=60)
+    assert response.status_code == 400 and response.json()["type"] == "invalid_request"  # read, not 413
+    assert "SEMIF_MAX_BODY_BYTES raised to 8388608" in server.log_text()
 
 
 def test_gpu_offload_on_a_cpu_build_is_refused(tmp_path: Path, server_factory, gemma_gguf: Path) -> None:

@@ -136,7 +136,7 @@ def test_build_pushes_through_codebuild_and_prints_digest_uri(
             "pyproject.toml",
             "docker/entrypoint.sh",
             "docker/requirements.lock",
-            "semif_adapter/manifest.py",
+            "semif_adapter/model/manifest.py",
             "semif_ops/image/abi.py",
             "docker/check-base.sh",
             "docker/wheelhouse/context.json",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from semif_adapter.errors import ModelLoadError
-from semif_adapter.manifest import ModelManifest, load_manifest, verify_model_file
+from semif_adapter.model.manifest import ModelManifest, load_manifest, verify_model_file
 from tests.helpers.deploy import GEMMA_BYTES, GEMMA_SHA256, REPO_ROOT, manifest_for, write_manifest
 
 

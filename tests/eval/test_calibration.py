@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semif_adapter.calibration import Calibration, apply_temperature, find_calibration
 from semif_adapter.errors import ModelLoadError
+from semif_adapter.model.calibration import Calibration, apply_temperature, find_calibration
 
 
 def _write(path: Path, payload: object) -> Path:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from semif_adapter.calibration import Calibration
 from semif_adapter.eval.cli import benchmark_main, calibrate_main
 from semif_adapter.eval.results import RunResult
+from semif_adapter.model.calibration import Calibration
 from tests.helpers.evalserver import DEVSET, LocalServer
 
 REPO = Path(__file__).resolve().parents[2]

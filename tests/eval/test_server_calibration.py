@@ -16,10 +16,10 @@ import httpx
 import numpy as np
 import pytest
 
-from semif_adapter.calibration import CalibrationFile
 from semif_adapter.eval.calibrate import write_calibration
 from semif_adapter.eval.mapping import task_to_invocation, task_to_systemone_request
 from semif_adapter.eval.tasks import Task, load_tasks
+from semif_adapter.model.calibration import CalibrationFile
 from tests.helpers.evalserver import DEVSET
 from tests.helpers.support import LiveServer, make_model_dir
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semif_adapter.calibration import Calibration, apply_temperature
 from semif_adapter.eval import calibrate as cal
+from semif_adapter.model.calibration import Calibration, apply_temperature
 
 
 def synthetic(

@@ -194,6 +194,20 @@ def test_jsonlines_keeps_order_and_matches_single_scoring(client: TestClient) ->
     assert response.status_code == 400 and "line 2" in response.json()["error"]
 
 
+def test_jsonlines_engine_refusal_names_the_callers_line(client: TestClient) -> None:
+    """Lines are scored grouped by state; an error the engine raises inside a group still names the line."""
+    lines = [
+        {**DECISION, "id": "a"},
+        {**DECISION, "id": "b", "state": "The VPN drops every ten minutes."},
+        {**DECISION, "id": "c", "question": "Who should reply first? " * 1500},  # 2nd of the first state
+    ]
+    body = "\n".join(json.dumps(line) for line in lines)
+    response = client.post("/invocations", content=body, headers={"Content-Type": "application/jsonlines"})
+    assert response.status_code == 413, response.text
+    error = response.json()
+    assert error["type"] == "token_budget_exceeded" and error["error"].startswith("line 3: "), error
+
+
 def test_errors_for_routes_and_methods(client: TestClient) -> None:
     assert client.get("/nope").json() == {"error": "Not Found", "type": "not_found"}
     assert client.get("/invocations").status_code == 405

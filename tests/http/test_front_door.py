@@ -13,12 +13,12 @@ import pytest
 from fastapi.testclient import TestClient
 from test_app import DECISION, FakeEngine, _fake_app, _wait_ready
 
-from semif_adapter import app as app_module
 from semif_adapter.app import create_app
-from semif_adapter.auth import on_sagemaker, requires_key
+from semif_adapter.decisions import parse as decision_parse
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.engine.deadline import SHUTTING_DOWN, Deadline
 from semif_adapter.errors import ShuttingDown, TokenBudgetExceeded
+from semif_adapter.http.auth import on_sagemaker, requires_key
 from tests.helpers.support import engine_settings
 
 JSONL = {"Content-Type": "application/jsonlines"}
@@ -108,20 +108,20 @@ def test_sagemaker_is_recognised_by_its_environment() -> None:
 
 def test_large_bodies_are_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
-    real = app_module.read_decision_json
+    real = decision_parse.read_decision_json
 
     def recording(body: bytes, *args: object) -> object:
         seen.append(threading.current_thread().name)
         return real(body, *args)
 
-    monkeypatch.setattr(app_module, "read_decision_json", recording)
+    monkeypatch.setattr(decision_parse, "read_decision_json", recording)
     engine = FakeEngine()
     engine.release.set()
     with _fake_app(engine) as fake:
         _wait_ready(fake)
         loop_thread = fake.portal.call(lambda: threading.current_thread().name)  # type: ignore[union-attr]
         assert fake.post("/invocations", json={"decision": DECISION}).status_code == 200
-        big = {**DECISION, "state": "x " * app_module.OFF_LOOP_BYTES}
+        big = {**DECISION, "state": "x " * decision_parse.OFF_LOOP_BYTES}
         assert fake.post("/invocations", json={"decision": big}).status_code == 200
     assert seen[0] == loop_thread  # a small body stays on the loop: a thread hop would cost more
     assert seen[1] != loop_thread

@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from semif_adapter.app import create_app
-from semif_adapter.decision_json import numbered_lines
 from semif_adapter.engine import DecisionEngine
-from semif_adapter.framing import AmbiguousFramingGuard
+from semif_adapter.error_handlers import renderer_for
+from semif_adapter.http.decision_json import numbered_lines
+from semif_adapter.http.framing import AmbiguousFramingGuard
 from tests.helpers.hostile import (
     DECISION,
     POISONS,
@@ -243,7 +244,7 @@ def test_framing_guard_answers_in_each_paths_shape_and_passes_the_rest() -> None
             sent.append(message)
 
         scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
-        await AmbiguousFramingGuard(inner)(scope, None, send)  # type: ignore[arg-type]
+        await AmbiguousFramingGuard(inner, renderer_for)(scope, None, send)  # type: ignore[arg-type]
         return sent
 
     both = [(b"transfer-encoding", b"chunked"), (b"Content-Length", b"4")]

@@ -7,7 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings
 
-from semif_adapter.json_reader import INT_MAX, INT_MIN, JsonError, read_json
+from semif_adapter.http.json_reader import INT_MAX, INT_MIN, JsonError, read_json
 from tests.helpers.hostile import POISONS, clean_documents, decision_body, poisoned_documents
 
 # Where each poison is reported inside decision_body(): a path for values that parsed, else a position.

@@ -106,7 +106,7 @@ def podman_build(context: Path, base: str, tag: str, logfile: Path) -> subproces
 
 def model_dir(work: Path) -> Path:
     """gemma-3-270m packaged with its manifest by semif-ops model package, extracted as SageMaker does."""
-    from semif_adapter.demo_models import MODELS, ensure_model
+    from semif_adapter.model.demo_models import MODELS, ensure_model
 
     gguf = ensure_model("gemma")
     target = work / "opt-ml-model"

@@ -7,8 +7,6 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from semif_adapter import auth
-from semif_adapter.body import BodyTooLarge, UnsupportedEncoding
 from semif_adapter.errors import (
     DecisionValidationError,
     EngineFailure,
@@ -16,6 +14,8 @@ from semif_adapter.errors import (
     NotReady,
     TokenBudgetExceeded,
 )
+from semif_adapter.http import auth
+from semif_adapter.http.body import BodyTooLarge, UnsupportedEncoding
 from semif_adapter.settings import Settings
 from semif_adapter.systemone import service as s1
 from semif_adapter.systemone.errors import (

@@ -26,7 +26,7 @@ from typesafe_sdk import (
     TypeSafeUnprocessableEntityError,
 )
 
-from semif_adapter.systemone.sagemaker_transport import SageMakerTransport
+from semif_client.sagemaker_transport import SageMakerTransport
 from tests.helpers.systemone import CHOICE, NOUL, SCORE, STATE, check_answer
 
 NO_RETRY = RetryPolicy(max_retries=0)

@@ -10,29 +10,32 @@ bad chunk sizes, oversized headers, garbage) h11 itself answers with a plain 400
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
+from collections.abc import Callable
+
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from semif_adapter.errors import DecisionValidationError
+from semif_adapter.http.rendering import ErrorRenderer
 
 MESSAGE = "a request may not carry both Transfer-Encoding and Content-Length"
 
 
-class AmbiguousFramingGuard:
-    """ASGI middleware: 400 (in the path's error shape) and ``Connection: close`` for TE + CL."""
+class AmbiguousFraming(DecisionValidationError):
+    close_connection = True
 
-    def __init__(self, app: ASGIApp) -> None:
+
+class AmbiguousFramingGuard:
+    """ASGI middleware: 400 (in the path's API error shape) and ``Connection: close`` for TE + CL."""
+
+    def __init__(self, app: ASGIApp, renderer_for: Callable[[str], ErrorRenderer]) -> None:
         self.app = app
+        self.renderer_for = renderer_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             names = {name.lower() for name, _ in scope["headers"]}
             if b"transfer-encoding" in names and b"content-length" in names:
-                if scope["path"].startswith("/v1/"):
-                    body: dict[str, object] = {
-                        "detail": {"error_type": "invalid_request", "message": MESSAGE}
-                    }
-                else:
-                    body = {"error": MESSAGE, "type": "invalid_request"}
-                response = JSONResponse(body, status_code=400, headers={"Connection": "close"})
+                response = self.renderer_for(scope["path"]).semif_error(AmbiguousFraming(MESSAGE), 0)
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

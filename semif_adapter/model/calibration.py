@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from semif_adapter.errors import ModelLoadError
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION: Literal[1] = 1
 CALIBRATION_FILENAME = "calibration.json"
 QUESTION_TYPES = ("choice", "noul", "score")
 _KEY_RE = re.compile(r"^(choice|noul|score)(?:/([1-9][0-9]*))?$")
@@ -142,7 +142,7 @@ def apply_temperature(logits: np.ndarray, t: float) -> np.ndarray:
         raise ValueError("logits must be finite")
     shifted = scaled - scaled.max(axis=-1, keepdims=True)
     exp = np.exp(shifted)
-    return exp / exp.sum(axis=-1, keepdims=True)
+    return np.asarray(exp / exp.sum(axis=-1, keepdims=True))
 
 
 def find_calibration(model_dir: Path | None, explicit_path: Path | None) -> Path | None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import zstandard
 from starlette.requests import ClientDisconnect, Request
 
-from .errors import SemifError
-from .settings import Settings
+from semif_adapter.errors import SemifError
+from semif_adapter.settings import Settings
 
 
 class BodyTooLarge(SemifError):
@@ -58,16 +58,21 @@ _WINDOW = 64 * 1024  # compressed bytes fed per call: bounds what each part's le
 
 
 class _Decoder(Protocol):
-    eof: bool
-    unused_data: bytes
+    @property
+    def eof(self) -> bool: ...
+    @property
+    def unused_data(self) -> bytes: ...
+
+
+D = TypeVar("D", bound=_Decoder)
 
 
 def _each_part(
     data: bytes,
     limit: int,
     name: str,
-    new_decoder: Callable[[], _Decoder],
-    decompress: Callable[[_Decoder, memoryview, int], bytes],
+    new_decoder: Callable[[], D],
+    decompress: Callable[[D, memoryview, int], bytes],
 ) -> bytes:
     """Decode every part (member or frame) in turn; a cut-off part is an error, never a shorter body.
 
@@ -102,7 +107,7 @@ def _gunzip(data: bytes, limit: int) -> bytes:
             limit,
             "gzip",
             lambda: zlib.decompressobj(wbits=16 + zlib.MAX_WBITS),
-            lambda decoder, window, budget: decoder.decompress(window, budget),  # type: ignore[attr-defined]
+            lambda decoder, window, budget: decoder.decompress(window, budget),
         )
     except zlib.error as exc:
         raise MalformedBody(f"body is not valid gzip: {exc}") from exc
@@ -122,7 +127,7 @@ def _unzstd(data: bytes, limit: int) -> bytes:
             limit,
             "zstd",
             lambda: zstandard.ZstdDecompressor().decompressobj(),
-            lambda decoder, window, _: decoder.decompress(window),  # type: ignore[attr-defined]
+            lambda decoder, window, _: decoder.decompress(window),
         )
     except zstandard.ZstdError as exc:
         raise MalformedBody(f"body is not valid zstd: {exc}") from exc

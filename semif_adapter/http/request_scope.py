@@ -19,8 +19,8 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine.deadline import DISCONNECTED, Deadline
-from .errors import DecisionValidationError
+from semif_adapter.engine.deadline import DISCONNECTED, Deadline
+from semif_adapter.errors import DecisionValidationError
 
 TIMEOUT_HEADER = "x-semif-timeout-s"
 # SageMaker forwards only this one custom header to the container: "timeout_s=<seconds>" inside it.

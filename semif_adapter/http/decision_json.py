@@ -11,9 +11,9 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import DecisionValidationError
-from .json_reader import JsonError, read_json
-from .settings import Settings
+from semif_adapter.errors import DecisionValidationError
+from semif_adapter.http.json_reader import JsonError, read_json
+from semif_adapter.settings import Settings
 
 
 def read_decision_json(body: bytes, max_depth: int, line: int | None = None) -> Any:

@@ -12,7 +12,7 @@ import hmac
 import os
 from collections.abc import Mapping
 
-from .errors import SemifError
+from semif_adapter.errors import SemifError
 
 # The health check, and the API's own description (no model, no data behind them).
 OPEN_PATHS = frozenset({"/ping", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx2
 
-from semif_adapter.body import decode_content
+from semif_adapter.http.body import decode_content
 
 SAGEMAKER_MAX_PAYLOAD = 6 * 1024 * 1024  # InvokeEndpoint's request limit
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import ModelLoadError
-from .settings import Settings
+from semif_adapter.errors import ModelLoadError
+from semif_adapter.settings import Settings
 
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from .errors import ModelBusy
+from semif_adapter.errors import ModelBusy
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -92,10 +92,11 @@ class _Refused:
         self.message = message
 
 
-class _DuplicateKeys(dict):  # type: ignore[type-arg]
+class _DuplicateKeys(dict[str, Any]):
     """An object that repeated ``key``; found (with its path) by the walk."""
 
     __slots__ = ("key",)
+    key: str
 
 
 class _Hooks:
@@ -115,7 +116,11 @@ class _Hooks:
         self.flagged = True
         seen: set[str] = set()
         marked = _DuplicateKeys(obj)
-        marked.key = next(key for key, _ in items if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        for key, _ in items:
+            if key in seen:
+                marked.key = key
+                break
+            seen.add(key)
         return marked
 
     def integer(self, literal: str) -> int | _Refused:
@@ -229,8 +234,9 @@ def read_json(data: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
             parse_constant=hooks.constant,
         )
     except json.JSONDecodeError as exc:
-        where = {"line": exc.lineno, "column": exc.colno, "pos": exc.pos}
-        raise JsonError(f"malformed JSON: {exc.msg}", **where) from exc
+        raise JsonError(
+            f"malformed JSON: {exc.msg}", line=exc.lineno, column=exc.colno, pos=exc.pos
+        ) from exc
     except RecursionError as exc:
         pos = _too_deep_at(text, max_depth)
         line, column = _at(text, pos)

@@ -1,0 +1,1 @@
+"""The decision API: ``/invocations`` with SageMaker's ``/ping``, ``/metrics``; routes and error shape."""

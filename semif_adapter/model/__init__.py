@@ -1,0 +1,1 @@
+"""The model on disk: its manifest, calibration, discovery in the model directory, the demo models."""
