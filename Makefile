@@ -13,7 +13,7 @@ PIP := $(PY) -m pip
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen
 
-.PHONY: serve test test-fast test-image lint install install-test models bench clean image-context sdists gpu-bundle
+.PHONY: serve test test-fast test-image lint install install-test models bench bench-peer clean image-context sdists gpu-bundle
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,13 @@ test-image: models
 
 bench: models
 	$(PY) benchmarks/engine_overhead.py
+
+# Ours against the stock llama-server (built once from the binding's vendored llama.cpp with the same
+# flags as the wheel, cached beside it; LLAMA_SERVER=/path/to/llama-server uses one you have).
+LLAMA_SERVER ?=
+bench-peer: models
+	$(PY) benchmarks/peer_llama_server.py --cmake-args "$(LLAMA_CMAKE_ARGS)" \
+	  $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER)) --json benchmarks/results/peer_llama_server-2cpu.json
 
 # Build context for Dockerfile.cpu/.gpu (wheelhouse + llama.cpp headers; see docs/deployment.md).
 IMAGE_PYTHON ?= 3.12

@@ -1,0 +1,552 @@
+"""Peer benchmark: our server against the stock llama-server, side by side, per item, same GGUF.
+
+llama-server is what a user of the llama.cpp DLC would run instead: one process, its prompt cache on
+(default), a host-memory cache (``--cache-ram``, default), 4 slots. It is built from the llama.cpp that
+llama-cpp-python vendors, with the same portable CPU flags as the binding (``make bench-peer`` passes
+the Makefile's ``LLAMA_CMAKE_ARGS``), and cached under ``$XDG_CACHE_HOME/semif-adapter/llama-server``;
+``--llama-server PATH`` (or ``SEMIF_PEER_LLAMA_SERVER``) uses a binary you already have.
+
+Both servers get the same prompt text: our engine's prompt (the GGUF's template around state, question and
+labelled options) is sent to llama-server's ``/completion`` with ``n_predict: 1`` and ``n_probs``
+(pre-sampling probabilities of the last position: a softmax over the whole vocabulary), and each option's
+probability is its label token's probability renormalised over the labels — the readout our engine does.
+Workloads, each item sent to both servers back to back (the side that goes first alternates):
+
+* cold singles: 6 single decisions, each on a new ~1.2k-token state;
+* 8 on one state: 8 decisions about one new state — one request to us, 8 requests to llama-server;
+* agent loop: 4 agents × 6 turns, round robin; each turn the agent's state gains one tool event and asks two
+  decisions (one request to us, two to llama-server). ``--agent-state json`` (default) sends the state as a
+  JSON array of events, ``text`` as lines of text.
+
+Then every single decision and every agent's first turn is asked again (drift: the largest change of any
+probability between the first and the second answer, per side). Ratios are ours ÷ llama-server wall time
+over HTTP on one machine; the load average is recorded beside them.
+
+    python benchmarks/peer_llama_server.py [--models gemma qwen] [--threads 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import http.client
+import json
+import math
+import os
+import platform
+import random
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import version as package_version
+from pathlib import Path
+
+from engine_overhead import QUESTIONS  # the 8 questions of the sharing benchmark (run as a script)
+
+from semif_adapter.engine import DecisionEngine
+from semif_adapter.engine.prompt import decision_text
+from semif_adapter.model.demo_models import MODELS, ensure_model
+from semif_adapter.protocol import state_to_text
+from semif_adapter.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+N_PROBS = 64  # labels outside llama-server's top list are counted as missing, never guessed
+WORDS = (
+    "invoice refund order queue worker latency database replica deploy rollback customer partner webhook "
+    "retry timeout cache region shard ticket escalation dashboard alert billing contract schema index"
+).split()
+TOOLS = ["http_get", "sql", "search", "read_file", "shell", "calendar"]
+ACTIONS = ["reply", "search", "run tool", "ask human", "wait", "stop"]
+
+
+# --- llama-server: find or build -------------------------------------------------------------------
+def cache_home() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "semif-adapter"
+
+
+def find_sdist(version: str) -> Path:
+    """The llama-cpp-python sdist (it vendors llama.cpp): a cached copy, else ``pip download``."""
+    name = f"llama_cpp_python-{version}.tar.gz"
+    for candidate in sorted(cache_home().rglob(name)):
+        if tarfile.is_tarfile(candidate):
+            return candidate
+    target = cache_home() / "sdists" / version
+    target.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "-d",
+            str(target),
+            f"llama-cpp-python=={version}",
+        ],
+        check=True,
+    )
+    return target / name
+
+
+def build_llama_server(cmake_args: str) -> Path:
+    """Build llama-server (static, no web UI, no network features) once per binding version and flags."""
+    version = package_version("llama-cpp-python")
+    key = hashlib.sha256(f"{version} {cmake_args}".encode()).hexdigest()[:16]
+    binary = cache_home() / "llama-server" / key / "llama-server"
+    if binary.is_file():
+        return binary
+    sdist = find_sdist(version)
+    print(f"building llama-server from {sdist} ({cmake_args or 'default flags'})", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="llama-server-") as tmp:
+        prefix = f"llama_cpp_python-{version}/vendor/llama.cpp/"
+        with tarfile.open(sdist) as archive:
+            members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
+            archive.extractall(tmp, members=members, filter="data")
+        source = Path(tmp) / prefix
+        if not (source / "tools" / "server" / "CMakeLists.txt").is_file():
+            raise SystemExit(f"{sdist} has no tools/server: pass --llama-server PATH")
+        build = Path(tmp) / "build"
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        subprocess.run(
+            [
+                "cmake",
+                "-S",
+                str(source),
+                "-B",
+                str(build),
+                *generator,
+                "-DCMAKE_BUILD_TYPE=Release",
+                *shlex.split(cmake_args),
+                "-DBUILD_SHARED_LIBS=OFF",
+                "-DLLAMA_BUILD_TESTS=OFF",
+                "-DLLAMA_BUILD_EXAMPLES=OFF",
+                "-DLLAMA_BUILD_TOOLS=ON",
+                "-DLLAMA_BUILD_SERVER=ON",
+                "-DLLAMA_BUILD_APP=OFF",
+                "-DLLAMA_CURL=OFF",
+                "-DLLAMA_OPENSSL=OFF",
+                "-DLLAMA_USE_PREBUILT_UI=OFF",
+                "-DLLAMA_BUILD_UI=OFF",
+            ],
+            check=True,
+        )
+        jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
+        subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], check=True)
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(build / "bin" / "llama-server", binary)
+    return binary
+
+
+def llama_server_binary(args: argparse.Namespace) -> Path:
+    given = args.llama_server or os.environ.get("SEMIF_PEER_LLAMA_SERVER")
+    if given:
+        return Path(given)
+    return build_llama_server(args.cmake_args)
+
+
+# --- two servers ------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Client:
+    """HTTP to a local server, a new connection per request (servers close idle keep-alive ones)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def post(self, path: str, body: dict) -> dict:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=900)
+        try:
+            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            data = response.read()
+        finally:
+            conn.close()
+        if response.status != 200:
+            raise RuntimeError(f"POST {path} on :{self.port}: {response.status} {data[:300]!r}")
+        return json.loads(data)
+
+    def ready(self, path: str) -> bool:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+            conn.request("GET", path)
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+
+
+@contextlib.contextmanager
+def running(
+    command: list[str], env: dict[str, str], port: int, ready_path: str, log: Path
+) -> Iterator[Client]:
+    with log.open("w") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    client = Client(port)
+    try:
+        deadline = time.monotonic() + 300
+        while not client.ready(ready_path):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{command[0]} did not come up; see {log}")
+            time.sleep(0.5)
+        yield client
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def ours_command(gguf: Path, threads: int, port: int) -> tuple[list[str], dict[str, str]]:
+    env = {
+        **os.environ,
+        "SEMIF_GGUF_PATH": str(gguf),
+        "SEMIF_N_THREADS": str(threads),
+        "SEMIF_HOST": "127.0.0.1",
+        "SEMIF_PORT": str(port),
+        "SEMIF_LOG_LEVEL": "warning",
+        "SEMIF_VERIFY_MANIFEST": "false",
+        # as llama-server runs: the engine at the same CPU priority, no per-request deadline
+        "SEMIF_ENGINE_NICE": "0",
+        "SEMIF_REQUEST_TIMEOUT_S": "0",
+    }
+    return [sys.executable, "-m", "semif_adapter", "serve"], env
+
+
+def theirs_command(binary: Path, gguf: Path, threads: int, port: int, slots: int, n_ctx: int) -> list[str]:
+    return [
+        str(binary),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "-np",
+        str(slots),
+        "-c",
+        str(n_ctx * slots),
+        "--no-webui",
+    ]
+
+
+# --- workloads --------------------------------------------------------------------------------------
+def sentence(rng: random.Random) -> str:
+    words = rng.sample(WORDS, 7)
+    tail = f"({rng.randint(1, 999)} ms, id {rng.randint(1000, 9999)})"
+    return f"{words[0].capitalize()} {' '.join(words[1:])} {tail}."
+
+
+def text_state(engine: DecisionEngine, rng: random.Random, target: int) -> str:
+    lines: list[str] = []
+    while len(engine.runtime.tokenize("\n".join(lines), False)) < target:
+        lines.extend(f"[{len(lines):03d}] {sentence(rng)}" for _ in range(8))
+    return "\n".join(lines)
+
+
+def tool_event(rng: random.Random, step: int) -> dict:
+    tool = rng.choice(TOOLS)
+    return {"step": step, "role": "tool", "name": tool, "content": sentence(rng)}
+
+
+def decision(id_: str, state: object, question: str, options: list[str]) -> dict:
+    return {"id": id_, "state": state, "question": question, "options": [{"id": o} for o in options]}
+
+
+@dataclass
+class Agent:
+    index: int
+    json_state: bool
+    rng: random.Random
+    events: list[dict] = field(default_factory=list)
+
+    def state(self) -> object:
+        if self.json_state:
+            return list(self.events)
+        return "\n".join(f"[{e['step']:03d}] {e['role']} {e['name']}: {e['content']}" for e in self.events)
+
+    def grow(self) -> None:
+        self.events.append(tool_event(self.rng, len(self.events)))
+
+    def turn(self, turn: int) -> list[dict]:
+        state = self.state()
+        return [
+            decision(f"a{self.index}t{turn}-next", state, "What should the agent do next?", ACTIONS),
+            decision(f"a{self.index}t{turn}-done", state, "Is the ticket resolved?", ["yes", "no"]),
+        ]
+
+
+def make_agent(engine: DecisionEngine, index: int, json_state: bool, start_tokens: int) -> Agent:
+    agent = Agent(index, json_state, random.Random(1000 + index))
+    agent.events.append(
+        {
+            "step": 0,
+            "role": "user",
+            "name": "customer",
+            "content": f"Resolve ticket #{4000 + index} end to end.",
+        }
+    )
+    while True:
+        text = json.dumps(agent.state()) if json_state else str(agent.state())
+        if len(engine.runtime.tokenize(text, False)) >= start_tokens:
+            return agent
+        agent.grow()
+
+
+# --- asking both sides ---------------------------------------------------------------------------------
+@dataclass
+class Side:
+    name: str
+    seconds: float = 0.0
+    requests: int = 0
+    answers: dict[str, list[float]] = field(default_factory=dict)
+    drift: float = 0.0
+    missing_labels: int = 0
+
+
+def ask_ours(client: Client, decisions: list[dict]) -> dict[str, list[float]]:
+    reply = client.post("/invocations", {"decisions": decisions})
+    return {r["id"]: r["probabilities"] for r in reply["results"]}
+
+
+def prompt_text(engine: DecisionEngine, item: dict) -> str:
+    """Our engine's prompt for one decision as text: template head, state, question, options, tail."""
+    labels = engine.labels.take(len(item["options"]))[0]
+    state = item["state"] if isinstance(item["state"], str) else state_to_text(item["state"])
+    options = [(label, option["id"]) for label, option in zip(labels, item["options"], strict=True)]
+    text = decision_text(engine.scaffold, state, item["question"], options)
+    return engine.scaffold.head + text.prefix_user + text.suffix_user + engine.scaffold.tail
+
+
+def ask_theirs(
+    client: Client, engine: DecisionEngine, decisions: list[dict], side: Side
+) -> dict[str, list[float]]:
+    """One /completion per decision on our prompt text (llama-server tokenizes it, as a user's would)."""
+    out: dict[str, list[float]] = {}
+    for item in decisions:
+        reply = client.post(
+            "/completion",
+            {
+                "prompt": prompt_text(engine, item),
+                "n_predict": 1,
+                "n_probs": N_PROBS,
+                "cache_prompt": True,
+                "temperature": 0.0,
+            },
+        )
+        first = reply["completion_probabilities"][0]["top_logprobs"]  # pre-sampling: whole-vocabulary softmax
+        top = {p["id"]: math.exp(p["logprob"]) for p in first}
+        label_ids = engine.label_token_ids(len(item["options"]))
+        raw = [top.get(t, 0.0) for t in label_ids]
+        side.missing_labels += sum(t not in top for t in label_ids)
+        total = sum(raw) or 1.0
+        out[item["id"]] = [p / total for p in raw]
+    return out
+
+
+class Duel:
+    """Sends each item to both servers back to back, alternating who goes first."""
+
+    def __init__(self, ours: Client, theirs: Client, engine: DecisionEngine) -> None:
+        self.ours, self.theirs, self.engine = ours, theirs, engine
+        self.items = 0
+        self.agree = 0.0
+
+    def run(self, decisions: list[dict], sides: tuple[Side, Side], reask: bool = False) -> None:
+        us, them = sides
+        order = [(us, self._ours), (them, self._theirs)]
+        if self.items % 2:
+            order.reverse()
+        self.items += 1
+        got: dict[str, dict[str, list[float]]] = {}
+        for side, ask in order:
+            t0 = time.perf_counter()
+            answers = ask(decisions, side)
+            if not reask:
+                side.seconds += time.perf_counter() - t0
+                side.requests += 1 if side is us else len(decisions)
+            got[side.name] = answers
+            for key, probs in answers.items():
+                first = side.answers.setdefault(key, probs)
+                side.drift = max(side.drift, *(abs(a - b) for a, b in zip(first, probs, strict=True)))
+        for key, probs in got[us.name].items():
+            self.agree = max(
+                self.agree, *(abs(a - b) for a, b in zip(probs, got[them.name][key], strict=True))
+            )
+
+    def _ours(self, decisions: list[dict], side: Side) -> dict[str, list[float]]:
+        return ask_ours(self.ours, decisions)
+
+    def _theirs(self, decisions: list[dict], side: Side) -> dict[str, list[float]]:
+        return ask_theirs(self.theirs, self.engine, decisions, side)
+
+
+def workloads(engine: DecisionEngine, args: argparse.Namespace) -> dict[str, list[list[dict]]]:
+    rng = random.Random(7)
+    singles = []
+    for i in range(args.singles):
+        q, opts = QUESTIONS[i % len(QUESTIONS)]
+        singles.append([decision(f"single{i}", text_state(engine, rng, args.state_tokens), q, opts)])
+    shared_state = text_state(engine, rng, args.state_tokens)
+    shared = [[decision(f"shared{i}", shared_state, q, opts) for i, (q, opts) in enumerate(QUESTIONS)]]
+    agents = [
+        make_agent(engine, a, args.agent_state == "json", args.state_tokens) for a in range(args.agents)
+    ]
+    loop = []
+    for turn in range(args.turns):
+        for agent in agents:
+            if turn:
+                agent.grow()
+            loop.append(agent.turn(turn))
+    return {"cold_singles": singles, "eight_on_one_state": shared, "agent_loop": loop}
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def bench_model(key: str, binary: Path, args: argparse.Namespace, logs: Path) -> dict:
+    gguf = ensure_model(key)
+    engine = DecisionEngine.load(
+        Settings(n_threads=1, n_ctx=args.n_ctx, verify_manifest=False, prefix_cache_tokens=0), gguf
+    )
+    plan = workloads(engine, args)
+    ours_port, theirs_port = free_port(), free_port()
+    command, env = ours_command(gguf, args.threads, ours_port)
+    theirs = theirs_command(binary, gguf, args.threads, theirs_port, args.slots, args.n_ctx)
+    result: dict = {"model": MODELS[key].filename, "load_average_before": load_average(), "workloads": {}}
+    with (
+        running(command, env, ours_port, "/ping", logs / f"ours-{key}.log") as ours_client,
+        running(
+            theirs, dict(os.environ), theirs_port, "/health", logs / f"llama-server-{key}.log"
+        ) as their_client,
+    ):
+        duel = Duel(ours_client, their_client, engine)
+        for name, items in plan.items():
+            us, them = Side("ours"), Side("llama-server")
+            load_before = load_average()
+            started = time.perf_counter()
+            for n, decisions in enumerate(items):
+                duel.run(decisions, (us, them))
+                print(
+                    f"{key} {name} {n + 1}/{len(items)}: ours {us.seconds:.2f} s, "
+                    f"llama-server {them.seconds:.2f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if name == "cold_singles":
+                again = items
+            elif name == "agent_loop":
+                again = items[: args.agents]  # every agent's first turn, after all the others
+            else:
+                again = items
+            for decisions in again:
+                duel.run(decisions, (us, them), reask=True)
+            result["workloads"][name] = {
+                "items": len(items),
+                "ours_s": round(us.seconds, 3),
+                "llama_server_s": round(them.seconds, 3),
+                "ratio": round(us.seconds / them.seconds, 3),
+                "ours_requests": us.requests,
+                "llama_server_requests": them.requests,
+                "ours_reask_drift": us.drift,
+                "llama_server_reask_drift": them.drift,
+                "llama_server_missing_labels": them.missing_labels,
+                "wall_s": round(time.perf_counter() - started, 1),
+                "load_average_before": load_before,
+                "load_average_after": load_average(),
+            }
+            print(json.dumps({key: {name: result["workloads"][name]}}), file=sys.stderr, flush=True)
+        result["max_abs_dp_ours_vs_llama_server"] = duel.agree
+    engine.close()
+    result["load_average_after"] = load_average()
+    return result
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"machine: {report['machine']}, {report['threads']} threads each; load average "
+        f"{report['load_average_before']} before, {report['load_average_after']} after; agent state: "
+        f"{report['agent_state']}; llama-server: {report['llama_server']}",
+        "",
+        "| model | workload | ours s | llama-server s | ours ÷ llama-server | re-ask max |Δp| ours | "
+        "llama-server | load avg (1/5/15 min) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["models"]:
+        for name, w in row["workloads"].items():
+            lines.append(
+                f"| {row['model']} | {name} ({w['items']} items) "
+                f"| {w['ours_s']:.2f} | {w['llama_server_s']:.2f} "
+                f"| {w['ratio']:.2f} | {w['ours_reask_drift']:.2e} | {w['llama_server_reask_drift']:.2e} "
+                f"| {w['load_average_before']} |"
+            )
+    lines.append("")
+    lines.append(
+        "Largest |Δp| between the two servers on the same tokens: "
+        + ", ".join(
+            f"{row['model']} {row['max_abs_dp_ours_vs_llama_server']:.2e}" for row in report["models"]
+        )
+    )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", nargs="+", default=["qwen", "gemma"], choices=sorted(MODELS))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--n-ctx", type=int, default=8192, help="our context, and each llama-server slot's")
+    parser.add_argument("--slots", type=int, default=4, help="llama-server slots (-np)")
+    parser.add_argument("--singles", type=int, default=6)
+    parser.add_argument("--state-tokens", type=int, default=1200)
+    parser.add_argument("--agents", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--agent-state", choices=["json", "text"], default="json")
+    parser.add_argument("--llama-server", help="an existing llama-server binary (else built and cached)")
+    parser.add_argument("--cmake-args", default=os.environ.get("LLAMA_CMAKE_ARGS", ""))
+    parser.add_argument("--json", type=Path, help="write the report here (and a .md beside it)")
+    args = parser.parse_args()
+    binary = llama_server_binary(args)
+    logs = Path(tempfile.mkdtemp(prefix="peer-bench-"))
+    report = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "threads": args.threads,
+        "agent_state": args.agent_state,
+        "llama_server": f"{binary.name} from llama-cpp-python {package_version('llama-cpp-python')} "
+        f"vendor/llama.cpp, -np {args.slots}, prompt cache and --cache-ram at their defaults",
+        "load_average_before": load_average(),
+        "models": [],
+    }
+    for key in args.models:  # the files are rewritten after each model, so a long run keeps what it measured
+        report["models"].append(bench_model(key, binary, args, logs))
+        report["load_average_after"] = load_average()
+        text = markdown(report)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+            args.json.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
