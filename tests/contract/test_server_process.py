@@ -155,9 +155,10 @@ def test_sigterm_finishes_the_running_request_then_exits_cleanly(
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / GEMMA.filename).symlink_to(gemma_gguf)
-    # No deadline: on a loaded machine this request may outlast the default 55 s, and the test is about
-    # shutdown, not deadlines.
-    server = server_factory(model_dir, {"SEMIF_REQUEST_TIMEOUT_S": "0"})
+    # No deadline, and a grace longer than the join below: on a loaded machine this request may outlast the
+    # default 55 s deadline or 20 s grace, and the test is about finishing it (test_front_door_live covers
+    # the grace running out).
+    server = server_factory(model_dir, {"SEMIF_REQUEST_TIMEOUT_S": "0", "SEMIF_SHUTDOWN_GRACE_S": "110"})
     in_flight = start_request_in_engine(server, events=100)
     assert server.process is not None
     server.process.send_signal(signal.SIGTERM)
