@@ -11,10 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from deploy.sdists import sdist
 
 from semif_ops.image import dlc_base as _dlc_base
 from tests.helpers.image import ImageUnderTest, podman
+from tests.helpers.sdists import sdist
 from tests.helpers.support import LiveServer, wait_for_ping
 from tests.image.harness import BROKEN_FIELD, CURRENT_BINDING, podman_build
 
