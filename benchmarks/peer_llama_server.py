@@ -56,6 +56,7 @@ from semif_adapter.engine.prompt import decision_text
 from semif_adapter.model.demo_models import MODELS, ensure_model
 from semif_adapter.protocol import state_to_text
 from semif_adapter.settings import Settings
+from semif_ops.cache import cache_home
 
 REPO = Path(__file__).resolve().parent.parent
 N_PROBS = 64  # labels outside llama-server's top list are counted as missing, never guessed
@@ -68,10 +69,6 @@ ACTIONS = ["reply", "search", "run tool", "ask human", "wait", "stop"]
 
 
 # --- llama-server: find or build -------------------------------------------------------------------
-def cache_home() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "semif-adapter"
-
-
 def find_sdist(version: str) -> Path:
     """The llama-cpp-python sdist (it vendors llama.cpp): a cached copy, else ``pip download``."""
     name = f"llama_cpp_python-{version}.tar.gz"

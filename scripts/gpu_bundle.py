@@ -34,6 +34,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from semif_ops.cache import cache_home
 from semif_ops.image import context as image_context
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,8 +80,7 @@ REPLACED = {
 
 
 def cache_dir() -> Path:
-    default = Path.home() / ".cache" / "semif-adapter" / "gpu-bundle"
-    return Path(os.environ.get("SEMIF_GPU_BUNDLE_CACHE", default))
+    return Path(os.environ.get("SEMIF_GPU_BUNDLE_CACHE", cache_home() / "gpu-bundle"))
 
 
 def sdist_archive(version: str = BINDING) -> Path:

@@ -33,6 +33,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from semif_ops.cache import cache_home
 from semif_ops.image import abi
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,8 +45,7 @@ NATIVE_SUFFIXES = (".so", ".dylib", ".dll", ".pyd")
 
 
 def cache_dir() -> Path:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return Path(os.environ.get("SEMIF_WHEEL_CACHE", cache / "semif-adapter" / "wheels"))
+    return Path(os.environ.get("SEMIF_WHEEL_CACHE", cache_home() / "wheels"))
 
 
 def platform_tags(arch: str) -> list[str]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from scripts import gpu_bundle
+from semif_ops.cache import cache_home
 
 
 @pytest.fixture(scope="session")
@@ -22,5 +23,4 @@ def bundle(tmp_path_factory: pytest.TempPathFactory, qwen_gguf: Path) -> dict:
 def gpu_check_work() -> Path:
     """Where the dry run keeps its venv, unpacked source and CPU build between runs (keyed by content, so
     a new bundle or wheel set builds afresh); a fresh machine starts empty."""
-    default = Path.home() / ".cache" / "semif-adapter" / "gpu-check-work"
-    return Path(os.environ.get("SEMIF_GPU_CHECK_WORK", default))
+    return Path(os.environ.get("SEMIF_GPU_CHECK_WORK", cache_home() / "gpu-check-work"))

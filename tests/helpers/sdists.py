@@ -16,6 +16,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from semif_ops.cache import cache_home
+
 VERSIONS = ("0.3.30", "0.3.35", "0.3.36")
 KEEP = (
     "llama_cpp/",
@@ -27,8 +29,7 @@ KEEP = (
 
 
 def cache_root() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "semif-adapter" / "sdists"
-    return Path(os.environ.get("SEMIF_SDIST_CACHE", default))
+    return Path(os.environ.get("SEMIF_SDIST_CACHE", cache_home() / "sdists"))
 
 
 def sdist(version: str) -> Path:

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from semif_ops.cache import cache_home
 from semif_ops.image import dlc_base
 
 IMAGE_NAME = "localhost/semif-dlc-standin"
@@ -80,8 +81,7 @@ IMAGE_ENV = dict(dlc_base.ENV)
 
 
 def cache_root() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "semif-adapter"
-    return Path(os.environ.get("SEMIF_CACHE_DIR") or default)
+    return Path(os.environ.get("SEMIF_CACHE_DIR") or cache_home())
 
 
 def log(message: str) -> None:
