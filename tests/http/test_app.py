@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -266,20 +267,29 @@ def _fake_app(engine: FakeEngine, **overrides: object) -> TestClient:
     return TestClient(create_app(settings, lambda: engine))
 
 
+@contextmanager
+def engine_held(fake: TestClient, engine: FakeEngine) -> Iterator[None]:
+    """One good request holds the engine for the block; then it is released and must have succeeded."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first = pool.submit(fake.post, "/invocations", json={"decision": DECISION})
+        assert engine.entered.wait(10)
+        try:
+            yield
+        finally:
+            engine.release.set()  # also when the block fails: the pool would otherwise wait forever
+        assert first.result(10).status_code == 200
+
+
 def test_busy_engine_answers_fast_503_with_retry_after() -> None:
     engine = FakeEngine()
     with _fake_app(engine) as fake:
         _wait_ready(fake)
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            first = pool.submit(fake.post, "/invocations", json={"decision": DECISION})
-            assert engine.entered.wait(10)
+        with engine_held(fake, engine):
             busy = fake.post("/invocations", json={"decision": DECISION})
             assert busy.status_code == 503
             assert busy.headers["retry-after"] == "1"
             assert busy.json() == {"error": busy.json()["error"], "type": "model_busy", "retryable": True}
             assert fake.get("/ping").status_code == 200  # the loop keeps answering while the engine works
-            engine.release.set()
-            assert first.result(10).status_code == 200
         metrics = fake.get("/metrics").text
         assert "semif_busy_rejections_total 1.0" in metrics
 
