@@ -70,8 +70,11 @@ test-image: models
 	.ci/setup-podman.sh
 	$(PY) -m tests.image.harness
 
+BENCH_REPEATS ?= 5
+
 bench: models
-	$(PY) benchmarks/engine_overhead.py
+	$(PY) benchmarks/engine_overhead.py --repeats $(BENCH_REPEATS) --json benchmarks/results/engine_overhead-2cpu.json \
+	  | tee benchmarks/results/engine_overhead-2cpu.md
 
 # Ours against the stock llama-server (built once from the binding's vendored llama.cpp with the same
 # flags as the wheel, cached beside it; LLAMA_SERVER=/path/to/llama-server uses one you have).

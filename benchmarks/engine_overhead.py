@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from semif_adapter.engine import DecisionEngine
+from semif_adapter.engine.chunking import chunks
 from semif_adapter.engine.llama_backend import PREFIX_SEQ
 from semif_adapter.model.demo_models import MODELS, ensure_model
 from semif_adapter.settings import Settings, available_cores
@@ -62,11 +63,17 @@ def decisions_for(state: str) -> list[dict]:
     ]
 
 
-def raw_decode_seconds(engine: DecisionEngine, prefix: list[int], suffix: list[int]) -> float:
+def raw_decode_seconds(engine: DecisionEngine, decision: dict) -> float:
+    """The same tokens in the same chunks as the engine's cold prefill, as bare llama_decode calls."""
     runtime = engine.runtime
+    prefix, (suffix,) = engine.prompt_tokens([decision])
+    cuts = engine.prefix_cuts([decision])
+    last = cuts[-1] if cuts else 0
     engine.reset_prefix_cache()
     t0 = time.perf_counter()
-    runtime.decode(prefix, 0, PREFIX_SEQ, want_logits=False, chunk_size=engine.block_tokens)
+    for start, end in chunks(cuts, 0, last):
+        runtime.decode(prefix[start:end], start, PREFIX_SEQ, want_logits=False, chunk_size=end - start)
+    runtime.decode(prefix[last:], last, PREFIX_SEQ, want_logits=False, chunk_size=engine.block_tokens)
     runtime.decode(suffix, len(prefix), PREFIX_SEQ, want_logits=True)
     runtime.last_logits()
     return time.perf_counter() - t0
@@ -103,7 +110,7 @@ def bench_model(key: str, repeats: int, threads: int, state_tokens: int) -> dict
 
     engine_times, raw_times = [], []
     for _ in range(repeats):  # interleaved, so drift on a shared machine hits both sides alike
-        raw_times.append(raw_decode_seconds(engine, prefix, suffixes[0]))
+        raw_times.append(raw_decode_seconds(engine, decisions[0]))
         engine_times.append(engine_seconds(engine, decisions[:1], cold=True))
     separate_cold, shared, separate_warm = [], [], []
     for _ in range(repeats):

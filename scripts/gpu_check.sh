@@ -163,6 +163,7 @@ check() {
         SEMIF_TEST_TOKENIZER_GGUF=$BUNDLE/tokenizer.gguf SEMIF_ENGINE_NICE=0 \
         "$PY" -m pytest -q -p no:randomly -o cache_dir="$WORK/pytest-cache" \
         tests/engine/test_engine.py tests/engine/test_deadline.py tests/engine/test_agent_loop_cache.py \
+        tests/engine/test_event_chunking.py tests/engine/test_chunking.py \
         -k "not gemma" --junitxml "$OUT/determinism.xml"
     rc=$?
     record check seconds=$((SECONDS - started)) exit_code=$rc n_gpu_layers="$layers"

@@ -2,10 +2,11 @@
 
 For a request of N decisions about one state:
 
-1. the prefix (template head + state) is decoded once into sequence 0, in fixed blocks of
-   ``prefix_block_tokens`` from position 0 (and kept: the next request about the same state reuses
-   it); the state after the last whole block is saved in the prefix cache, so a later prefix that
-   starts with the same blocks (an agent's grown transcript) decodes only the rest;
+1. the prefix (template head + state) is decoded once into sequence 0, in chunks cut by a rule of the
+   prompt alone (``chunking``: the head, then fixed blocks of ``prefix_block_tokens``, or a JSON-array
+   state's elements) and kept: the next request about the same state reuses it; the state at the last
+   cut is saved in the prefix cache, so a later prefix that shares those cuts (an agent's grown
+   transcript) decodes only the rest, and the head's state is kept for every request;
 2. for each decision, sequence 0 is forked into sequence 1 (``llama_memory_seq_cp``: no host copy),
    the decision's suffix (question, labelled options, generation prompt) is decoded in its own
    ``llama_decode`` call(s), the last position's logits are read, and sequence 1 is dropped.
@@ -29,6 +30,15 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from semif_adapter.engine.chunking import (
+    Cuts,
+    block_cuts,
+    chunks,
+    event_anchors,
+    event_cuts,
+    head_cuts,
+    stable_end,
+)
 from semif_adapter.engine.deadline import Deadline
 from semif_adapter.engine.labels import LabelSet, build_label_set
 from semif_adapter.engine.llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
@@ -104,16 +114,26 @@ class DecisionEngine:
             runtime.tokenize, self.scaffold.tail, self.scaffold.label_prefix, settings.max_options
         )
         self._cached_prefix: list[int] | None = None
+        self._cached_cuts: Cuts | None = None
         self._snapshot: Any = None
         self.block_tokens = min(settings.prefix_block_tokens, runtime.n_batch)
+        attention_only = not (runtime.is_recurrent or runtime.is_hybrid)
+        # Attention-only memory: the head ends a chunk and its state is pinned. Recurrent and hybrid
+        # memory keep plain blocks (reuse of whole saved states only; no head cut measured on them yet).
+        self.head_cut = len(self._head_tokens) if attention_only else 0
         self.prefix_cache = PrefixCache(
             settings.prefix_cache_tokens,
             settings.prefix_cache_bytes,
             self.block_tokens,
-            partial_reuse=not (runtime.is_recurrent or runtime.is_hybrid),
+            partial_reuse=attention_only,
             partial_limit=runtime.n_swa,
+            head=self.head_cut,
         )
+        # JSON-array states are cut at their elements only where a saved state can be cut back to any
+        # earlier cut: attention-only memory without a sliding window (see chunking)
+        self.event_cuts = attention_only and runtime.n_swa <= 0
         self.fork_mode = settings.fork_mode if settings.fork_mode != "auto" else self._probe_fork_mode()
+        self._pin_head()
         self.model_info = ModelInfo(
             name=name or gguf_path.name.removesuffix(".gguf"),
             file=gguf_path.name,
@@ -175,11 +195,12 @@ class DecisionEngine:
         started = time.perf_counter()
         parsed = self._parse(decisions)
         prefix_tokens, planned = self._plan(parsed)
+        cuts = self._cuts(parsed[0].state_text, prefix_tokens)
         if cancel is not None:
-            to_prefill = len(prefix_tokens) - self._reusable(prefix_tokens)
+            to_prefill = len(prefix_tokens) - self._reusable(prefix_tokens, cuts)
             cancel.begin(to_prefill + sum(len(p.suffix_tokens) for p in planned))
         try:
-            return self._run(prefix_tokens, planned, started, cancel)
+            return self._run(prefix_tokens, planned, started, cancel, cuts)
         except SemifError:
             self._reset()
             raise
@@ -194,6 +215,12 @@ class DecisionEngine:
         prefix_tokens, planned = self._plan(self._parse(decisions))
         return prefix_tokens, [p.suffix_tokens for p in planned]
 
+    def prefix_cuts(self, decisions: Sequence[Decision | Mapping[str, Any]]) -> Cuts:
+        """Where a request's prefix is cut into decode chunks (``chunking``); the rest follows the last."""
+        parsed = self._parse(decisions)
+        prefix_tokens, _ = self._plan(parsed)
+        return self._cuts(parsed[0].state_text, prefix_tokens)
+
     def prefix_cache_stats(self) -> CacheStats:
         return self.prefix_cache.stats()
 
@@ -201,9 +228,20 @@ class DecisionEngine:
         return self.labels.take(n_options)[1]
 
     def reset_prefix_cache(self) -> None:
-        """Forget the kept prefix and every saved state (benchmarks use this to measure cold requests)."""
+        """Forget the kept prefix and every saved state, the head's too (benchmarks use this to measure
+        cold requests; the next prefill pins the head again)."""
         self._reset()
         self.prefix_cache.clear()
+
+    def _pin_head(self) -> None:
+        """Decode the template head once at load and pin its state: not even the first request decodes it."""
+        if not (self.prefix_cache.enabled and self.head_cut > 0):
+            return
+        cuts = head_cuts(self.head_cut, self.block_tokens)
+        try:
+            self._decode_chunks(self._head_tokens, chunks(cuts, 0, self.head_cut), cuts)
+        finally:
+            self._reset()
 
     # --- validation and planning ----------------------------------------------------------------
     def _parse(self, decisions: Sequence[Decision | Mapping[str, Any]]) -> list[Decision]:
@@ -265,6 +303,23 @@ class DecisionEngine:
             )
         return prefix_tokens, planned
 
+    def _cuts(self, state_text: str, prefix_tokens: list[int]) -> Cuts:
+        """Where the prefix is cut (``chunking``): a JSON array's elements, or the head and blocks up to
+        the state's end."""
+        n_head = len(self._head_tokens)
+        text = decision_text(self.scaffold, state_text, "", [])
+        user_tokens, token_bytes = prefix_tokens[n_head:], self.runtime.token_length
+        if self.event_cuts and state_text.startswith("["):
+            anchors = event_anchors(text.prefix_user, text.state_at, state_text, user_tokens, token_bytes)
+            if anchors:
+                cuts = [n_head + a for a in anchors]
+                return event_cuts(cuts, len(prefix_tokens), self.block_tokens, self.head_cut)
+        end = stable_end(text.prefix_user, text.state_at, state_text, user_tokens, token_bytes)
+        return self._block_cuts(len(prefix_tokens), None if end is None else n_head + end)
+
+    def _block_cuts(self, n_tokens: int, limit: int | None = None) -> Cuts:
+        return block_cuts(n_tokens, self.block_tokens, self.head_cut, limit)
+
     def _refuse_oversized(self, prefix_user: str) -> None:
         """Refuse a state that cannot fit without tokenizing all of it (a 6 MB state is 2.6 M tokens and
         seconds of engine time): count it in slices cut at a space or comma and stop once the count has passed
@@ -301,73 +356,90 @@ class DecisionEngine:
     def _reset(self) -> None:
         """Empty the context; saved states stay (each one is complete, whatever failed since)."""
         self._cached_prefix = None
+        self._cached_cuts = None
         self._snapshot = None
         try:
             self.runtime.clear()
         except Exception:  # pragma: no cover - nothing more we can do
             log.exception("could not clear llama.cpp memory")
 
-    def _reusable(self, prefix_tokens: list[int]) -> int:
-        """Prefix tokens the next prefill will not decode (the kept prefix, or a saved state's blocks)."""
-        if self._cached_prefix == prefix_tokens:
+    def _keeps(self, prefix_tokens: list[int], cuts: Cuts) -> bool:
+        """Sequence 0 already holds ``prefix_tokens``, decoded at ``cuts``."""
+        return self._cached_prefix == prefix_tokens and self._cached_cuts == cuts
+
+    def _reusable(self, prefix_tokens: list[int], cuts: Cuts) -> int:
+        """Prefix tokens the next prefill will not decode (the kept prefix, or a saved state's chunks)."""
+        if self._keeps(prefix_tokens, cuts):
             return len(prefix_tokens)
         if not self.prefix_cache.enabled:
             return 0
-        return self.prefix_cache.peek(tuple(prefix_tokens))[1]
+        return self.prefix_cache.peek(tuple(prefix_tokens), cuts)[1]
 
-    def _prefill(self, prefix_tokens: list[int], cancel: Deadline | None = None) -> int:
+    def _prefill(
+        self, prefix_tokens: list[int], cancel: Deadline | None = None, cuts: Cuts | None = None
+    ) -> int:
         """Make sequence 0 hold exactly ``prefix_tokens``; returns how many tokens were reused.
 
-        Blocks are aligned to position 0 whatever is reused, so each token is decoded in the same
-        chunk as in a cold prefill. The state after the last whole block is filed in the prefix cache
-        only once the whole prefill succeeded; on any exception (an abort included) the caller empties
-        the context (``_reset``) and nothing partial was filed.
+        Chunks follow ``cuts`` (default: the head and blocks) whatever is reused, so each token is
+        decoded in the same chunk as in a cold prefill. The state at the last cut is filed in the prefix
+        cache only once the whole prefill succeeded; on any exception (an abort included) the caller
+        empties the context (``_reset``) and nothing partial was filed.
         """
-        if self._cached_prefix == prefix_tokens:
+        cuts = cuts if cuts is not None else self._block_cuts(len(prefix_tokens))
+        if self._keeps(prefix_tokens, cuts):
             return len(prefix_tokens)
         self._reset()
-        runtime, block, cache = self.runtime, self.block_tokens, self.prefix_cache
+        runtime, cache = self.runtime, self.prefix_cache
         key = tuple(prefix_tokens)
         reused = 0
         if cache.enabled:
-            saved, reused = cache.lookup(key)
+            saved, reused = cache.lookup(key, cuts)
             if saved is not None:
                 runtime.restore_seq(PREFIX_SEQ, saved.data)
                 if reused < len(saved.tokens):
                     runtime.drop(PREFIX_SEQ, reused)
-        boundary = len(prefix_tokens) // block * block  # end of the last whole block
+        last = cuts[-1] if cuts else 0  # the state saved there; the rest is decoded after the save
         fresh: SavedPrefix | None = None
-        if boundary > reused:
-            self._decode_blocks(prefix_tokens, reused, boundary, cancel)
-            if cache.enabled:
-                fresh = SavedPrefix(key[:boundary], runtime.save_seq(PREFIX_SEQ))
-        # the partial last block
-        runtime.decode(prefix_tokens[boundary:], boundary, PREFIX_SEQ, False, block, cancel=cancel)
+        if last > reused:
+            self._decode_chunks(prefix_tokens, chunks(cuts, reused, last), cuts, cancel)
+            if cache.enabled and last != self.head_cut:
+                fresh = SavedPrefix(key[:last], runtime.save_seq(PREFIX_SEQ), self._cuts_to(cuts, last))
+        runtime.decode(prefix_tokens[last:], last, PREFIX_SEQ, False, self.block_tokens, cancel=cancel)
         if fresh is not None:
             cache.put(fresh)
         self._cached_prefix = list(prefix_tokens)
+        self._cached_cuts = cuts
         if self.fork_mode == "state":
             self._snapshot = runtime.save_seq(PREFIX_SEQ)
         return reused
 
-    def _decode_blocks(
-        self, tokens: list[int], start: int, end: int, cancel: Deadline | None = None
+    def _cuts_to(self, cuts: Cuts, last: int) -> Cuts | None:
+        """The cuts a state saved at ``last`` remembers (None when the block rule gives them)."""
+        kept = tuple(c for c in cuts if c <= last)
+        return None if kept == self._block_cuts(last) else kept
+
+    def _decode_chunks(
+        self, tokens: list[int], spans: list[tuple[int, int]], cuts: Cuts, cancel: Deadline | None = None
     ) -> None:
-        """Decode whole blocks ``tokens[start:end]``.
+        """Decode the chunks ``spans`` of ``tokens``, pinning the template head's state on the way.
 
         On a sliding-window model, a saved sequence state holds only the window's cells, so after a
         restore the window cache has fewer cells than after a cold prefill; the CPU kernels split
         their work by that cell count and round differently. Saving and restoring the sequence
-        after each block gives every prefill, cold or warm, cache on or off, the same cache layout
+        after each chunk gives every prefill, cold or warm, cache on or off, the same cache layout
         and bytes.
         """
-        runtime, block = self.runtime, self.block_tokens
-        if runtime.n_swa <= 0:
-            runtime.decode(tokens[start:end], start, PREFIX_SEQ, False, block, cancel=cancel)
-            return
-        for offset in range(start, end, block):
-            runtime.decode(tokens[offset : offset + block], offset, PREFIX_SEQ, False, block, cancel=cancel)
-            runtime.restore_seq(PREFIX_SEQ, runtime.save_seq(PREFIX_SEQ))
+        runtime = self.runtime
+        head, cache = self.head_cut, self.prefix_cache
+        pin = cache.enabled and head > 0 and tokens[:head] == self._head_tokens
+        for start, end in spans:
+            runtime.decode(tokens[start:end], start, PREFIX_SEQ, False, end - start, cancel=cancel)
+            if runtime.n_swa > 0 or (pin and end == head):
+                state = runtime.save_seq(PREFIX_SEQ)
+                if runtime.n_swa > 0:
+                    runtime.restore_seq(PREFIX_SEQ, state)
+                if pin and end == head:
+                    cache.pin(SavedPrefix(tuple(tokens[:head]), state, self._cuts_to(cuts, head)))
 
     def _branch(
         self, n_prefix: int, suffix_tokens: list[int], label_ids: list[int], cancel: Deadline | None = None
@@ -406,11 +478,13 @@ class DecisionEngine:
         planned: list[_Planned],
         started: float,
         cancel: Deadline | None = None,
+        cuts: Cuts | None = None,
     ) -> BatchResult:
         n_prefix = len(prefix_tokens)
         t0 = time.perf_counter()
-        kept = self._cached_prefix == prefix_tokens
-        reused_tokens = self._prefill(prefix_tokens, cancel)
+        cuts = cuts if cuts is not None else self._block_cuts(n_prefix)
+        kept = self._keeps(prefix_tokens, cuts)
+        reused_tokens = self._prefill(prefix_tokens, cancel, cuts)
         reused = reused_tokens == n_prefix
         prefill_seconds = 0.0 if kept else time.perf_counter() - t0
         hasher = PromptHasher(prefix_tokens)

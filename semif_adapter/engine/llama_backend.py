@@ -221,6 +221,7 @@ class LlamaRuntime:
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self.model))
         self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(self.model))
         self.n_swa = int(llama_cpp.llama_model_n_swa(self.model))  # > 0: sliding-window layers
+        self._token_lengths: dict[int, int] = {}
         self._closed = False
 
     # --- vocabulary -----------------------------------------------------------------------
@@ -240,6 +241,15 @@ class LlamaRuntime:
         buf = ctypes.create_string_buffer(256)
         n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
         return buf.raw[: max(n, 0)].decode("utf-8", "replace")
+
+    def token_length(self, token: int) -> int:
+        """Bytes of text ``token`` stands for as plain text (memoised: chunking maps text to tokens)."""
+        length = self._token_lengths.get(token)
+        if length is None:
+            buf = ctypes.create_string_buffer(256)
+            n = self.lib.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            length = self._token_lengths[token] = n if n >= 0 else -1  # -1: too long, no anchors
+        return length
 
     def is_control(self, token: int) -> bool:
         return bool(self.lib.llama_vocab_is_control(self.vocab, token))

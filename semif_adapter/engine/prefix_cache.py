@@ -20,6 +20,11 @@ Why saved states in host memory rather than extra llama.cpp sequences:
 
 The entries are immutable: one is filed only after its prefill succeeded (see ``DecisionEngine``),
 so a failure or abort mid-prefill never leaves a half-written entry behind.
+
+Entries remember where their prompt was cut (``chunking``): a state is reusable up to a cut both
+prompts share with the same cuts before it. One more state is *pinned*: the template head's, which
+every prompt starts with; it is kept outside the limits and the LRU (a few hundred kilobytes) until
+``clear``, and a lookup that finds only it counts as a miss (nothing of the request's own was cached).
 """
 
 from __future__ import annotations
@@ -28,13 +33,17 @@ import ctypes
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from semif_adapter.engine.chunking import Cuts, block_cuts, shared_cut
+
 
 @dataclass(frozen=True)
 class SavedPrefix:
-    """One saved sequence state: the first ``len(tokens)`` prefix tokens, a whole number of blocks."""
+    """One saved sequence state: the first ``len(tokens)`` prefix tokens, decoded in chunks ending at
+    ``cuts`` (the last one is ``len(tokens)``; None: the cache's block rule)."""
 
     tokens: tuple[int, ...]
     data: ctypes.Array[ctypes.c_uint8]
+    cuts: Cuts | None = None
 
     @property
     def nbytes(self) -> int:
@@ -53,22 +62,25 @@ class CacheStats:
 
 def common_blocks(a: tuple[int, ...], b: tuple[int, ...], block: int) -> int:
     """How many leading whole blocks of ``block`` tokens ``a`` and ``b`` share."""
-    n = 0
-    limit = min(len(a), len(b)) // block
-    while n < limit and a[n * block : (n + 1) * block] == b[n * block : (n + 1) * block]:
-        n += 1
-    return n
+    return shared_cut(a, block_cuts(len(a), block), b, block_cuts(len(b), block)) // block
 
 
 class PrefixCache:
     """An LRU of saved prefix states bounded in tokens and bytes (either bound 0 disables it)."""
 
     def __init__(
-        self, max_tokens: int, max_bytes: int, block: int, partial_reuse: bool, partial_limit: int = 0
+        self,
+        max_tokens: int,
+        max_bytes: int,
+        block: int,
+        partial_reuse: bool,
+        partial_limit: int = 0,
+        head: int = 0,
     ) -> None:
         self.max_tokens = max_tokens
         self.max_bytes = max_bytes
         self.block = block
+        self.head = head  # the block rule's head cut (``chunking.block_cuts``)
         # attention-only memory can drop a restored state's tail blocks; recurrent memory cannot,
         # so there a saved state is usable only when the prefix starts with all of it
         self.partial_reuse = partial_reuse
@@ -76,6 +88,7 @@ class PrefixCache:
         # lack keys its next tokens attend to, so only states up to the window may be cut (0: any)
         self.partial_limit = partial_limit
         self._entries: OrderedDict[tuple[int, ...], SavedPrefix] = OrderedDict()
+        self._pinned: SavedPrefix | None = None
         self._tokens = 0
         self._bytes = 0
         self.hits = 0
@@ -86,32 +99,44 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.max_tokens > 0 and self.max_bytes > 0
 
-    def lookup(self, prefix: tuple[int, ...]) -> tuple[SavedPrefix | None, int]:
-        """The saved state sharing the most whole blocks with ``prefix``, and that many tokens.
+    def lookup(self, prefix: tuple[int, ...], cuts: Cuts | None = None) -> tuple[SavedPrefix | None, int]:
+        """The saved state ``prefix`` (cut at ``cuts``; None: the block rule) can reuse most of, and
+        how many tokens of it.
 
         Counts a hit or a miss and marks the state as recently used; ``peek`` does neither.
         """
-        best, reused = self.peek(prefix)
-        if best is None:
+        best, reused = self.peek(prefix, cuts)
+        if best is None or best is self._pinned:
             self.misses += 1
-            return None, 0
+            return best, reused
         self.hits += 1
         self._entries.move_to_end(best.tokens)
         return best, reused
 
-    def peek(self, prefix: tuple[int, ...]) -> tuple[SavedPrefix | None, int]:
+    def peek(self, prefix: tuple[int, ...], cuts: Cuts | None = None) -> tuple[SavedPrefix | None, int]:
         """What ``lookup`` would return, without touching counters or recency (deadline estimates)."""
+        prefix_cuts = cuts if cuts is not None else self._block_cuts(len(prefix))
         best: SavedPrefix | None = None
-        best_blocks = 0
-        for entry in self._entries.values():
-            blocks = common_blocks(entry.tokens, prefix, self.block)
-            whole = blocks * self.block == len(entry.tokens)
+        best_reuse = 0
+        candidates = [*self._entries.values(), *([self._pinned] if self._pinned else [])]
+        for entry in candidates:
+            reuse = shared_cut(entry.tokens, self._cuts(entry), prefix, prefix_cuts)
+            whole = reuse == len(entry.tokens)
             cuttable = self.partial_reuse and not 0 < self.partial_limit < len(entry.tokens)
             if not (whole or cuttable):
                 continue
-            if blocks > best_blocks:
-                best, best_blocks = entry, blocks
-        return best, best_blocks * self.block
+            if reuse > best_reuse:
+                best, best_reuse = entry, reuse
+        return best, best_reuse
+
+    def pin(self, entry: SavedPrefix) -> None:
+        """Keep ``entry`` (the template head's state) until ``clear``, outside the limits and the LRU."""
+        if self.enabled:
+            self._pinned = entry
+
+    @property
+    def pinned(self) -> SavedPrefix | None:
+        return self._pinned
 
     def put(self, entry: SavedPrefix) -> None:
         """File a complete state; states it extends are dropped, then the least recently used."""
@@ -130,6 +155,7 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._pinned = None
         self._tokens = self._bytes = 0
 
     def stats(self) -> CacheStats:
@@ -141,6 +167,12 @@ class PrefixCache:
             misses=self.misses,
             evictions=self.evictions,
         )
+
+    def _block_cuts(self, n_tokens: int) -> Cuts:
+        return block_cuts(n_tokens, self.block, self.head)
+
+    def _cuts(self, entry: SavedPrefix) -> Cuts:
+        return entry.cuts if entry.cuts is not None else self._block_cuts(len(entry.tokens))
 
     def _remove(self, key: tuple[int, ...]) -> None:
         entry = self._entries.pop(key)

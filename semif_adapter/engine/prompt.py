@@ -11,6 +11,7 @@ Layout of the user turn (state first, so every decision about one state shares t
     A. <option text>
     B. <option text>
 
+The prefix runs to ``Question:``, which every decision shares; the suffix starts with the question.
 The fixed instruction goes in the system turn (or, for templates without one, after the options).
 User text is tokenized without special-token parsing, so it can never become a control token;
 only the template's own scaffolding is tokenized with special tokens enabled.
@@ -37,6 +38,9 @@ INSTRUCTION = (
 )
 ANSWER_HINT = "Reply with one option label only."
 _SENTINEL = "\u2063SEMIF-USER-CONTENT\u2063"
+#: The words every decision about a state begins with: they end the shared prefix (decoded once).
+QUESTION_LEAD = "\n\nQuestion:"
+_STATE_LEAD = "State:\n"
 
 #: Plain layout for GGUFs without a chat template (base models): the answer follows "Answer:".
 PLAIN_TAIL = "\n\nAnswer:"
@@ -62,10 +66,12 @@ class Scaffold:
 
 @dataclass(frozen=True)
 class DecisionText:
-    """One decision's prompt as text pieces: ``prefix_user`` is shared by decisions on one state."""
+    """One decision's prompt as text pieces: ``prefix_user`` is shared by decisions on one state (it runs
+    to ``Question:``), ``suffix_user`` is the decision's own; the state starts at ``state_at``."""
 
     prefix_user: str
     suffix_user: str
+    state_at: int = 0
 
 
 def _raise(message: str) -> None:
@@ -134,12 +140,14 @@ def decision_text(
 ) -> DecisionText:
     """Lay out one decision; ``option_lines`` are (label, shown text) in the caller's order."""
     options = "\n".join(f"{label}. {text}" for label, text in option_lines)
-    suffix = f"\n\nQuestion: {question}\n\nOptions:\n{options}"
+    suffix = f" {question}\n\nOptions:\n{options}"
     if scaffold.instruction_in_user:
         suffix += f"\n\n{INSTRUCTION}"
     elif scaffold.uses_chat_template:
         suffix += f"\n\n{ANSWER_HINT}"
-    return DecisionText(prefix_user=f"State:\n{state_text}", suffix_user=suffix)
+    return DecisionText(
+        prefix_user=f"{_STATE_LEAD}{state_text}{QUESTION_LEAD}", suffix_user=suffix, state_at=len(_STATE_LEAD)
+    )
 
 
 class PromptHasher:

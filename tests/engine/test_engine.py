@@ -41,11 +41,12 @@ ALL = [TEAM, SEVERITY, CAUSE]
 
 
 def reference_logits(engine: DecisionEngine, request: dict) -> np.ndarray:
-    """Label logits from raw llama_decode calls with the same split, bypassing fork and readout code."""
+    """Label logits from a raw llama_decode of the suffix on the prefill's sequence, bypassing fork and
+    readout code (the prefix is the engine's own prefill: its split is the chunking rule's)."""
     prefix, suffixes = engine.prompt_tokens([request])
     runtime = engine.runtime
     engine.reset_prefix_cache()
-    runtime.decode(prefix, 0, PREFIX_SEQ, want_logits=False, chunk_size=engine.block_tokens)
+    engine._prefill(prefix, cuts=engine.prefix_cuts([request]))
     runtime.decode(suffixes[0], len(prefix), PREFIX_SEQ, want_logits=True)
     logits = runtime.last_logits()[engine.label_token_ids(len(request["options"]))].astype(np.float64)
     engine.reset_prefix_cache()
