@@ -25,6 +25,10 @@ INVARIANCES = {
         "test_agent_loop_answers_do_not_depend_on_the_cache",
         "test_cache_off_reuses_only_the_kept_prefix",
         "test_a_diverging_state_reuses_only_the_shared_blocks",
+        "test_a_new_state_reuses_the_head_and_answers_like_no_cache",
+        "test_a_grown_state_reuses_the_last_saved_state_whole",
+        "test_event_states_answer_alike_cold_warm_and_interleaved",
+        "test_a_string_state_with_the_same_text_is_cut_alike",
     ],
     "exact after abort": [
         "test_abort_mid_prefill_drops_the_half_written_prefix",

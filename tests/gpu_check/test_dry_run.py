@@ -72,7 +72,7 @@ def test_every_invariance_holds_on_the_dense_model(dry_run: dict) -> None:
     """On the CPU the dry run adds the dense (gemma3) model; the suite runs hybrid and mamba already."""
     report = dry_run["report"]
     assert report["check"]["exit_code"] == 0
-    models = {t["model"] for t in report["tests"]}
+    models = {t["model"] for t in report["tests"] if t["model"]}  # the rest load no model (cut rules)
     assert models == {"dense"}
     assert len(report["tests"]) >= 20
     for row in report["invariances"]:
