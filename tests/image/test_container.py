@@ -40,6 +40,13 @@ def test_no_compiler_or_build_tool_on_path(under_test: ImageUnderTest) -> None:
     assert exec_in(under_test.container, f'python -c "{probe}"').strip() == "[]"
 
 
+def test_every_semif_command_in_the_image_starts(under_test: ImageUnderTest) -> None:
+    """The image installs the server's command only; the operator CLI needs a checkout of the repository."""
+    commands = exec_in(under_test.container, "ls /opt/semif/venv/bin").split()
+    assert [c for c in commands if c.startswith("semif")] == ["semif-adapter"]
+    assert "usage: semif-adapter" in exec_in(under_test.container, "/opt/semif/venv/bin/semif-adapter --help")
+
+
 def test_the_engine_runs_on_the_base_images_llama_cpp(under_test: ImageUnderTest) -> None:
     """libllama, libggml and a CPU plugin are mapped from the base's directory; none comes from the venv."""
     maps = exec_in(under_test.container, "cat /proc/1/maps")
