@@ -77,77 +77,57 @@ def element_spans(state_text: str) -> list[tuple[int, int]] | None:
     return spans
 
 
-def event_anchors(
-    prefix_user: str,
-    state_at: int,
-    state_text: str,
-    user_tokens: Sequence[int],
-    token_bytes: Callable[[int], int],
-) -> list[int] | None:
-    """Token positions (within ``user_tokens``, the tokens of ``prefix_user``) after each element's last
-    letter or digit of the state that starts at character ``state_at``, or None.
+def token_ends(text: str, tokens: Sequence[int], token_bytes: Callable[[int], int]) -> list[int] | None:
+    """Each token's end as a byte offset into ``text``, or None when the tokens do not spell it byte for
+    byte (a tokenizer that adds a leading space, say): then only the plain block rule applies."""
+    ends: list[int] = []
+    total = 0
+    for token in tokens:
+        total += token_bytes(token)
+        ends.append(total)
+    return ends if total == len(text.encode("utf-8")) else None
 
-    ``token_bytes`` gives a token's length in bytes; if the tokens do not spell the text byte for byte
-    (a tokenizer that adds a leading space, say) there are no anchors and the block rule applies.
-    """
+
+def event_anchors(prefix_user: str, state_at: int, state_text: str, ends: Sequence[int]) -> list[int] | None:
+    """Token positions (within the tokens of ``prefix_user``, ending at byte offsets ``ends``) after each
+    element's last letter or digit of the state that starts at character ``state_at``, or None."""
     spans = element_spans(state_text)
     if spans is None or len(spans) < 2 or prefix_user[state_at : state_at + len(state_text)] != state_text:
         return None
-    ends = _token_ends(prefix_user, user_tokens, token_bytes)
-    if ends is None:
-        return None
-    offset = state_at
     anchors: list[int] = []
-    byte_at = len(prefix_user[:offset].encode("utf-8"))
-    char_at = offset
+    char_at, byte_at = state_at, len(prefix_user[:state_at].encode("utf-8"))
     for start, end in spans:
-        element = state_text[start:end]
-        keep = len(element)
-        while keep and not element[keep - 1].isalnum():
-            keep -= 1
-        byte_at += len(prefix_user[char_at : offset + start].encode("utf-8"))
-        char_at = offset + start
-        if keep:
-            anchor = bisect_right(ends, byte_at + len(element[:keep].encode("utf-8")))
-            if anchor and (not anchors or anchor > anchors[-1]):
-                anchors.append(anchor)
+        keep = _alnum_end(state_text[start:end])
+        if not keep:
+            continue
+        byte_end = byte_at + len(prefix_user[char_at : state_at + start + keep].encode("utf-8"))
+        char_at, byte_at = state_at + start + keep, byte_end
+        anchor = bisect_right(ends, byte_end)
+        if anchor and (not anchors or anchor > anchors[-1]):
+            anchors.append(anchor)
     return anchors
 
 
-def stable_end(
-    prefix_user: str,
-    state_at: int,
-    state_text: str,
-    user_tokens: Sequence[int],
-    token_bytes: Callable[[int], int],
-) -> int | None:
-    """Token position (within ``user_tokens``) after the state's last letter or digit, or None.
+def stable_end(prefix_user: str, state_at: int, state_text: str, ends: Sequence[int]) -> int | None:
+    """Token position (within the tokens of ``prefix_user``, ending at byte offsets ``ends``) after the
+    state's last letter or digit, or None.
 
     A state that grows at its end (a transcript, a log) keeps every token before that point in its next
     prompt; the tokens after it (closing punctuation merged with the text that follows, ``Question:``)
     change. The block rule cuts no further, so the state it saves is one the next turn can use whole.
     """
-    keep = len(state_text)
-    while keep and not state_text[keep - 1].isalnum():
-        keep -= 1
+    keep = _alnum_end(state_text)
     if not keep or prefix_user[state_at : state_at + len(state_text)] != state_text:
-        return None
-    ends = _token_ends(prefix_user, user_tokens, token_bytes)
-    if ends is None:
         return None
     return bisect_right(ends, len(prefix_user[: state_at + keep].encode("utf-8")))
 
 
-def _token_ends(
-    prefix_user: str, user_tokens: Sequence[int], token_bytes: Callable[[int], int]
-) -> list[int] | None:
-    """Each token's end as a byte offset into ``prefix_user``; None when the tokens do not spell it."""
-    ends: list[int] = []
-    total = 0
-    for token in user_tokens:
-        total += token_bytes(token)
-        ends.append(total)
-    return ends if total == len(prefix_user.encode("utf-8")) else None
+def _alnum_end(text: str) -> int:
+    """Characters of ``text`` up to its last letter or digit (0: none)."""
+    keep = len(text)
+    while keep and not text[keep - 1].isalnum():
+        keep -= 1
+    return keep
 
 
 def event_cuts(anchors: Sequence[int], n_tokens: int, block: int, head: int = 0) -> Cuts:

@@ -38,12 +38,20 @@ from semif_adapter.engine.chunking import (
     event_cuts,
     head_cuts,
     stable_end,
+    token_ends,
 )
 from semif_adapter.engine.deadline import Deadline
 from semif_adapter.engine.labels import LabelSet, build_label_set
 from semif_adapter.engine.llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
 from semif_adapter.engine.prefix_cache import CacheStats, PrefixCache, SavedPrefix
-from semif_adapter.engine.prompt import PROMPT_VERSION, PromptHasher, Scaffold, build_scaffold, decision_text
+from semif_adapter.engine.prompt import (
+    PROMPT_VERSION,
+    DecisionText,
+    PromptHasher,
+    Scaffold,
+    build_scaffold,
+    decision_text,
+)
 from semif_adapter.errors import DecisionValidationError, EngineFailure, SemifError, TokenBudgetExceeded
 from semif_adapter.model.calibration import Calibration, apply_temperature, find_calibration
 from semif_adapter.model.manifest import verify_model_file
@@ -193,14 +201,12 @@ class DecisionEngine:
         half-written), so the next request starts from clean memory and answers bit-identically.
         """
         started = time.perf_counter()
-        parsed = self._parse(decisions)
-        prefix_tokens, planned = self._plan(parsed)
-        cuts = self._cuts(parsed[0].state_text, prefix_tokens)
+        prefix_tokens, planned, cuts = self._plan(self._parse(decisions))
         if cancel is not None:
             to_prefill = len(prefix_tokens) - self._reusable(prefix_tokens, cuts)
             cancel.begin(to_prefill + sum(len(p.suffix_tokens) for p in planned))
         try:
-            return self._run(prefix_tokens, planned, started, cancel, cuts)
+            return self._run(prefix_tokens, planned, cuts, started, cancel)
         except SemifError:
             self._reset()
             raise
@@ -212,14 +218,12 @@ class DecisionEngine:
         self, decisions: Sequence[Decision | Mapping[str, Any]]
     ) -> tuple[list[int], list[list[int]]]:
         """The exact token ids a request decodes: the shared prefix and each decision's suffix."""
-        prefix_tokens, planned = self._plan(self._parse(decisions))
+        prefix_tokens, planned, _ = self._plan(self._parse(decisions))
         return prefix_tokens, [p.suffix_tokens for p in planned]
 
     def prefix_cuts(self, decisions: Sequence[Decision | Mapping[str, Any]]) -> Cuts:
         """Where a request's prefix is cut into decode chunks (``chunking``); the rest follows the last."""
-        parsed = self._parse(decisions)
-        prefix_tokens, _ = self._plan(parsed)
-        return self._cuts(parsed[0].state_text, prefix_tokens)
+        return self._plan(self._parse(decisions))[2]
 
     def prefix_cache_stats(self) -> CacheStats:
         return self.prefix_cache.stats()
@@ -263,11 +267,13 @@ class DecisionEngine:
         check_shared_batch(parsed, self.settings.max_decisions, self.settings.max_options)
         return parsed
 
-    def _plan(self, decisions: list[Decision]) -> tuple[list[int], list[_Planned]]:
+    def _plan(self, decisions: list[Decision]) -> tuple[list[int], list[_Planned], Cuts]:
         tokenize = self.runtime.tokenize
-        prefix_user = decision_text(self.scaffold, decisions[0].state_text, "", []).prefix_user
-        self._refuse_oversized(prefix_user)
-        prefix_tokens = self._head_tokens + tokenize(prefix_user, False)
+        state_text = decisions[0].state_text
+        prefix_text = decision_text(self.scaffold, state_text, "", [])
+        self._refuse_oversized(prefix_text.prefix_user)
+        user_tokens = tokenize(prefix_text.prefix_user, False)
+        prefix_tokens = self._head_tokens + user_tokens
         n_prefix = len(prefix_tokens)
         n_ctx = self.runtime.n_ctx
         if n_prefix >= n_ctx:
@@ -301,21 +307,22 @@ class DecisionEngine:
                 f"the limit is {self.settings.max_request_tokens}",
                 loc=("decisions",),
             )
-        return prefix_tokens, planned
+        return prefix_tokens, planned, self._cuts(prefix_text, state_text, user_tokens)
 
-    def _cuts(self, state_text: str, prefix_tokens: list[int]) -> Cuts:
-        """Where the prefix is cut (``chunking``): a JSON array's elements, or the head and blocks up to
-        the state's end."""
+    def _cuts(self, text: DecisionText, state_text: str, user_tokens: list[int]) -> Cuts:
+        """Where the prefix (the head, then ``user_tokens`` spelling ``text.prefix_user``) is cut
+        (``chunking``): a JSON array's elements, or the head and blocks up to the state's end."""
         n_head = len(self._head_tokens)
-        text = decision_text(self.scaffold, state_text, "", [])
-        user_tokens, token_bytes = prefix_tokens[n_head:], self.runtime.token_length
+        n_tokens = n_head + len(user_tokens)
+        ends = token_ends(text.prefix_user, user_tokens, self.runtime.token_length)
+        if ends is None:  # the tokens do not spell the text byte for byte: plain blocks
+            return self._block_cuts(n_tokens)
         if self.event_cuts and state_text.startswith("["):
-            anchors = event_anchors(text.prefix_user, text.state_at, state_text, user_tokens, token_bytes)
+            anchors = event_anchors(text.prefix_user, text.state_at, state_text, ends)
             if anchors:
-                cuts = [n_head + a for a in anchors]
-                return event_cuts(cuts, len(prefix_tokens), self.block_tokens, self.head_cut)
-        end = stable_end(text.prefix_user, text.state_at, state_text, user_tokens, token_bytes)
-        return self._block_cuts(len(prefix_tokens), None if end is None else n_head + end)
+                return event_cuts([n_head + a for a in anchors], n_tokens, self.block_tokens, self.head_cut)
+        end = stable_end(text.prefix_user, text.state_at, state_text, ends)
+        return self._block_cuts(n_tokens, None if end is None else n_head + end)
 
     def _block_cuts(self, n_tokens: int, limit: int | None = None) -> Cuts:
         return block_cuts(n_tokens, self.block_tokens, self.head_cut, limit)
@@ -476,13 +483,12 @@ class DecisionEngine:
         self,
         prefix_tokens: list[int],
         planned: list[_Planned],
+        cuts: Cuts,
         started: float,
         cancel: Deadline | None = None,
-        cuts: Cuts | None = None,
     ) -> BatchResult:
         n_prefix = len(prefix_tokens)
         t0 = time.perf_counter()
-        cuts = cuts if cuts is not None else self._block_cuts(n_prefix)
         kept = self._keeps(prefix_tokens, cuts)
         reused_tokens = self._prefill(prefix_tokens, cancel, cuts)
         reused = reused_tokens == n_prefix
@@ -566,14 +572,14 @@ class DecisionEngine:
             question="Is the build healthy?",
             options=[{"id": "yes"}, {"id": "no"}],
         )
-        prefix_tokens, planned = self._plan([probe])
+        prefix_tokens, planned, cuts = self._plan([probe])
         plan = planned[0]
         outcomes: dict[str, np.ndarray] = {}
         for mode in ("state", "copy"):
             self.fork_mode = mode
             self._reset()
             try:
-                self._prefill(prefix_tokens)
+                self._prefill(prefix_tokens, cuts=cuts)
                 readout = self._branch(len(prefix_tokens), plan.suffix_tokens, plan.label_ids)
                 outcomes[mode] = readout.option_logits
             except SemifError as exc:

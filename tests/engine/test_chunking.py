@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from semif_adapter.engine import DecisionEngine
-from semif_adapter.engine.chunking import block_cuts, chunks, event_cuts, head_cuts, shared_cut, stable_end
+from semif_adapter.engine.chunking import (
+    block_cuts,
+    chunks,
+    event_anchors,
+    event_cuts,
+    head_cuts,
+    shared_cut,
+    stable_end,
+    token_ends,
+)
 from semif_adapter.engine.prefix_cache import PrefixCache, SavedPrefix
 from semif_adapter.engine.prompt import decision_text
 from tests.helpers.support import engine_settings, engines_under_test
@@ -39,10 +48,41 @@ def test_block_cuts_stop_at_the_state_end() -> None:
     text = "".join(pieces)
     tokens, state_at = list(range(len(pieces))), len("State:\n")
     length = [len(piece.encode()) for piece in pieces].__getitem__
-    assert stable_end(text, state_at, "abc déf.", tokens, length) == 4
-    assert stable_end(text, state_at, "abc déf.", tokens[:-1], length) is None  # tokens do not spell it
-    assert stable_end(text, state_at, "abc déf!", tokens, length) is None  # not the prompt's state
-    assert stable_end("State:\n...\n\nQuestion:", state_at, "...", [0, 1, 2], [7, 5, 10].__getitem__) is None
+    ends = token_ends(text, tokens, length)
+    assert ends is not None and ends[-1] == len(text.encode())
+    assert stable_end(text, state_at, "abc déf.", ends) == 4
+    assert token_ends(text, tokens[:-1], length) is None  # the tokens do not spell the text
+    assert stable_end(text, state_at, "abc déf!", ends) is None  # not the prompt's state
+    assert stable_end("State:\n...\n\nQuestion:", state_at, "...", [7, 12, 22]) is None
+
+
+def test_event_anchors_follow_each_elements_last_letter_or_digit() -> None:
+    state = '[{"a":"é x"},7,{"b":"!"},{"c":"y"}]'
+    pieces = [
+        "State",
+        ":\n",
+        '[{"',
+        'a":"',
+        "é",
+        " x",
+        '"},',
+        "7",
+        ',{"',
+        'b":"!"',
+        '},{"',
+        'c":"',
+        "y",
+        '"}]',
+        "\n\n",
+        "Q:",
+    ]
+    text = "".join(pieces)
+    assert text == f"State:\n{state}\n\nQ:"
+    ends = token_ends(text, range(len(pieces)), [len(piece.encode()) for piece in pieces].__getitem__)
+    assert ends is not None
+    # after "x", after "7", before the token holding "b" (that element ends in punctuation), after "y"
+    assert event_anchors(text, len("State:\n"), state, ends) == [6, 8, 9, 13]
+    assert event_anchors(text, len("State:\n"), "[1]", ends) is None  # one element: no events
 
 
 def test_chunks_cover_the_span_between_two_cuts() -> None:

@@ -134,7 +134,7 @@ def test_event_states_answer_alike_cold_warm_and_interleaved(
     if not on.event_cuts:  # sliding-window, recurrent or hybrid memory: the block rule
         decisions = turn_decisions("ops", 1)
         prefix, _ = on.prompt_tokens(decisions)
-        cuts = on._cuts(on._parse(decisions)[0].state_text, prefix)
+        cuts = on.prefix_cuts(decisions)
         assert cuts and set(cuts) <= set(on._block_cuts(len(prefix)))  # blocks, up to the state's end
         return
     # a warm turn whose previous last cut survives (its new event did not cross a block) reuses all of it:
@@ -143,10 +143,9 @@ def test_event_states_answer_alike_cold_warm_and_interleaved(
     for i, (agent, turn) in enumerate(sequential):
         if not turn:
             continue
-        before = on.prompt_tokens(turn_decisions(agent, turn - 1))[0]
         now = on.prompt_tokens(turn_decisions(agent, turn))[0]
-        cuts_before = on._cuts(on._parse(turn_decisions(agent, turn - 1))[0].state_text, before)
-        cuts_now = on._cuts(on._parse(turn_decisions(agent, turn))[0].state_text, now)
+        cuts_before = on.prefix_cuts(turn_decisions(agent, turn - 1))
+        cuts_now = on.prefix_cuts(turn_decisions(agent, turn))
         if cuts_now[: len(cuts_before)] == cuts_before:
             assert fresh[i] == len(now) - cuts_before[-1]
             kept += 1
@@ -160,10 +159,9 @@ def test_a_string_state_with_the_same_text_is_cut_alike(
     as_list = turn_decisions("billing", 2)
     as_text = turn_decisions("billing", 2, as_text=True)
     prefix, _ = on.prompt_tokens(as_list)
-    text = on._parse(as_text)[0].state_text
-    assert on._cuts(on._parse(as_list)[0].state_text, prefix) == on._cuts(text, prefix)
+    assert on.prompt_tokens(as_text)[0] == prefix and on.prefix_cuts(as_list) == on.prefix_cuts(as_text)
     if on.event_cuts:
-        assert on._cuts(text, prefix) != on._block_cuts(len(prefix))
+        assert on.prefix_cuts(as_text) != on._block_cuts(len(prefix))
     off.reset_prefix_cache()
     a = off.score(as_list).results
     on.reset_prefix_cache()
