@@ -8,20 +8,21 @@ state is reusable at a cut two prompts share with the same cuts before it. A pre
 * **head**: the template's own text before the user content (system prompt, turn markers) is the same
   for every request, so it ends a chunk of its own; its state is kept for good (``PrefixCache.pin``)
   and no cold request decodes it again.
-* **blocks** (plain-text states, and every model whose memory cannot cut a restored state back to an
-  earlier cut: recurrent, hybrid, sliding-window): fixed blocks of ``block`` tokens from position 0, up
-  to the state's last letter or digit (``stable_end``): a cut in the prompt's trailer would save a state
-  the next turn cannot use, and where a state cannot be cut back that turn would start cold. A
-  transcript that grew reuses its whole blocks and decodes the partial last block again.
+* **blocks** (plain-text states): fixed blocks of ``block`` tokens from position 0, up to the state's
+  last letter or digit (``stable_end``): a cut in the prompt's trailer would save a state the next turn
+  cannot use, and where a state cannot be cut back that turn would start cold. A transcript that grew
+  reuses its whole blocks and decodes the partial last block again.
 * **events** (the state is a compact JSON array of at least two elements: an agent's transcript of
-  messages or tool events, on attention-only memory without a sliding window): blocks up to the last
-  whole block before the last element's end, then a cut after each element past it. An element ends at
-  an *anchor*, the token boundary after its last letter or digit (the closing ``"}`` merges with the
-  next separator in the tokenizer, so that is the last place a transcript and its grown successor
-  tokenize alike). A cold prefill decodes whole blocks (what llama.cpp decodes fastest) and only the
-  last partial block element by element; the next turn, which appends an element, shares every cut
-  and decodes only the new element. When the new element crosses a block boundary, the blocks it completes and
-  its part past them are decoded again (as a plain-text transcript does at every turn).
+  messages or tool events): blocks up to the last whole block before the last element's end, then a
+  cut after each element past it. An element ends at an *anchor*, the token boundary after its last
+  letter or digit (the closing ``"}`` merges with the next separator in the tokenizer, so that is the
+  last place a transcript and its grown successor tokenize alike). A cold prefill decodes whole blocks
+  (what llama.cpp decodes fastest) and only the last partial block element by element; the next turn,
+  which appends an element, shares every cut and decodes only the new element. When the new element
+  crosses a block boundary, the blocks it completes and its part past them are decoded again (as a
+  plain-text transcript does at every turn). That turn resumes at the last block before the element
+  cuts: attention-only memory cuts the saved state back to it; memory that cannot (recurrent, hybrid, a
+  sliding window shorter than the state) has a second state saved there (``PrefixCache.checkpoint``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -125,21 +125,17 @@ class DecisionEngine:
         self._cached_cuts: Cuts | None = None
         self._snapshot: Any = None
         self.block_tokens = min(settings.prefix_block_tokens, runtime.n_batch)
-        attention_only = not (runtime.is_recurrent or runtime.is_hybrid)
-        # Attention-only memory: the head ends a chunk and its state is pinned. Recurrent and hybrid
-        # memory keep plain blocks (reuse of whole saved states only; no head cut measured on them yet).
-        self.head_cut = len(self._head_tokens) if attention_only else 0
+        # the head ends a chunk and its state is pinned (``chunking``); attention-only memory can cut a
+        # saved state back to an earlier cut, recurrent and hybrid memory only reuse one whole
+        self.head_cut = len(self._head_tokens)
         self.prefix_cache = PrefixCache(
             settings.prefix_cache_tokens,
             settings.prefix_cache_bytes,
             self.block_tokens,
-            partial_reuse=attention_only,
+            partial_reuse=not (runtime.is_recurrent or runtime.is_hybrid),
             partial_limit=runtime.n_swa,
             head=self.head_cut,
         )
-        # JSON-array states are cut at their elements only where a saved state can be cut back to any
-        # earlier cut: attention-only memory without a sliding window (see chunking)
-        self.event_cuts = attention_only and runtime.n_swa <= 0
         self.fork_mode = settings.fork_mode if settings.fork_mode != "auto" else self._probe_fork_mode()
         self._pin_head()
         self.model_info = ModelInfo(
@@ -208,10 +204,10 @@ class DecisionEngine:
         try:
             return self._run(prefix_tokens, planned, cuts, started, cancel)
         except SemifError:
-            self._reset()
+            self._reset(wipe=True)
             raise
         except Exception as exc:  # a ctypes/numpy fault is an engine failure, never the caller's
-            self._reset()
+            self._reset(wipe=True)
             raise EngineFailure(f"engine fault: {type(exc).__name__}: {exc}") from exc
 
     def prompt_tokens(
@@ -234,7 +230,7 @@ class DecisionEngine:
     def reset_prefix_cache(self) -> None:
         """Forget the kept prefix and every saved state, the head's too (benchmarks use this to measure
         cold requests; the next prefill pins the head again)."""
-        self._reset()
+        self._reset(wipe=True)
         self.prefix_cache.clear()
 
     def _pin_head(self) -> None:
@@ -317,7 +313,7 @@ class DecisionEngine:
         ends = token_ends(text.prefix_user, user_tokens, self.runtime.token_length)
         if ends is None:  # the tokens do not spell the text byte for byte: plain blocks
             return self._block_cuts(n_tokens)
-        if self.event_cuts and state_text.startswith("["):
+        if state_text.startswith("["):
             anchors = event_anchors(text.prefix_user, text.state_at, state_text, ends)
             if anchors:
                 return event_cuts([n_head + a for a in anchors], n_tokens, self.block_tokens, self.head_cut)
@@ -360,13 +356,14 @@ class DecisionEngine:
                 )
 
     # --- decoding -----------------------------------------------------------------------------------
-    def _reset(self) -> None:
-        """Empty the context; saved states stay (each one is complete, whatever failed since)."""
+    def _reset(self, wipe: bool = False) -> None:
+        """Empty the context (``wipe``: its data too, after a failure); saved states stay (each one is
+        complete, whatever failed since)."""
         self._cached_prefix = None
         self._cached_cuts = None
         self._snapshot = None
         try:
-            self.runtime.clear()
+            self.runtime.clear(wipe)
         except Exception:  # pragma: no cover - nothing more we can do
             log.exception("could not clear llama.cpp memory")
 
@@ -406,14 +403,16 @@ class DecisionEngine:
                 if reused < len(saved.tokens):
                     runtime.drop(PREFIX_SEQ, reused)
         last = cuts[-1] if cuts else 0  # the state saved there; the rest is decoded after the save
-        fresh: SavedPrefix | None = None
+        fresh: list[SavedPrefix] = []
         if last > reused:
-            self._decode_chunks(prefix_tokens, chunks(cuts, reused, last), cuts, cancel)
-            if cache.enabled and last != self.head_cut:
-                fresh = SavedPrefix(key[:last], runtime.save_seq(PREFIX_SEQ), self._cuts_to(cuts, last))
+            filed = [p for p in (cache.checkpoint(cuts), last) if p > reused and p != self.head_cut]
+            states = self._decode_chunks(
+                prefix_tokens, chunks(cuts, reused, last), cuts, cancel, filed if cache.enabled else ()
+            )
+            fresh = [SavedPrefix(key[:p], states[p], self._cuts_to(cuts, p)) for p in filed if p in states]
         runtime.decode(prefix_tokens[last:], last, PREFIX_SEQ, False, self.block_tokens, cancel=cancel)
-        if fresh is not None:
-            cache.put(fresh)
+        for entry in fresh:
+            cache.put(entry)
         self._cached_prefix = list(prefix_tokens)
         self._cached_cuts = cuts
         if self.fork_mode == "state":
@@ -426,9 +425,15 @@ class DecisionEngine:
         return None if kept == self._block_cuts(last) else kept
 
     def _decode_chunks(
-        self, tokens: list[int], spans: list[tuple[int, int]], cuts: Cuts, cancel: Deadline | None = None
-    ) -> None:
-        """Decode the chunks ``spans`` of ``tokens``, pinning the template head's state on the way.
+        self,
+        tokens: list[int],
+        spans: list[tuple[int, int]],
+        cuts: Cuts,
+        cancel: Deadline | None = None,
+        save_at: Collection[int] = (),
+    ) -> dict[int, Any]:
+        """Decode the chunks ``spans`` of ``tokens``, pinning the template head's state on the way;
+        returns the states saved at the chunk ends ``save_at``.
 
         On a sliding-window model, a saved sequence state holds only the window's cells, so after a
         restore the window cache has fewer cells than after a cold prefill; the CPU kernels split
@@ -439,14 +444,18 @@ class DecisionEngine:
         runtime = self.runtime
         head, cache = self.head_cut, self.prefix_cache
         pin = cache.enabled and head > 0 and tokens[:head] == self._head_tokens
+        saved: dict[int, Any] = {}
         for start, end in spans:
             runtime.decode(tokens[start:end], start, PREFIX_SEQ, False, end - start, cancel=cancel)
-            if runtime.n_swa > 0 or (pin and end == head):
+            if runtime.n_swa > 0 or (pin and end == head) or end in save_at:
                 state = runtime.save_seq(PREFIX_SEQ)
                 if runtime.n_swa > 0:
                     runtime.restore_seq(PREFIX_SEQ, state)
                 if pin and end == head:
                     cache.pin(SavedPrefix(tuple(tokens[:head]), state, self._cuts_to(cuts, head)))
+                if end in save_at:
+                    saved[end] = state
+        return saved
 
     def _branch(
         self, n_prefix: int, suffix_tokens: list[int], label_ids: list[int], cancel: Deadline | None = None

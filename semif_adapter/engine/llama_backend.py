@@ -362,8 +362,14 @@ class LlamaRuntime:
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     # --- sequences ------------------------------------------------------------------------
-    def clear(self) -> None:
-        self.lib.llama_memory_clear(self.memory, True)
+    def clear(self, wipe: bool = False) -> None:
+        """Empty every sequence; ``wipe`` also zeroes the cells' data (milliseconds per thousand cells).
+
+        Without it the cells keep stale keys and values, which no result can see: a cell outside a
+        sequence is masked, and attention skips it (flash attention) or weighs it by an exact zero.
+        Only a non-finite stale value could leak (0 × inf is NaN), so after a failure, wipe.
+        """
+        self.lib.llama_memory_clear(self.memory, wipe)
 
     def fork(self, src: int = PREFIX_SEQ, dst: int = BRANCH_SEQ) -> None:
         self.lib.llama_memory_seq_cp(self.memory, src, dst, -1, -1)

@@ -1,17 +1,17 @@
-"""Saved prefix states, reused across requests at block granularity (agent loops, several agents).
+"""Saved prefix states, reused across requests at chunk granularity (agent loops, several agents).
 
-A prefix is decoded in fixed blocks of ``block`` tokens from position 0. After the last whole block
-the engine saves the sequence's state (``llama_state_seq_get_data``: KV cells, and for recurrent or
-hybrid models the recurrent state too) and files it here under the tokens it holds. A later prefix
-that starts with the same whole blocks restores that state and decodes only the rest, in the same
-aligned blocks — so every token is computed in exactly the chunk a cold prefill would use, and the
-answer is bit-identical whether the cache was cold, warm, or full of other agents' states.
+A prefix is decoded in chunks whose ends depend on the prompt alone (``chunking``: the template head,
+blocks of ``block`` tokens, a JSON transcript's elements). At the last cut the engine saves the
+sequence's state (``llama_state_seq_get_data``: KV cells, and for recurrent or hybrid models the
+recurrent state too) and files it here under the tokens it holds. A later prefix that shares those
+tokens and cuts restores that state and decodes only the rest, in the chunks a cold prefill would use,
+so the answer is bit-identical whether the cache was cold, warm, or full of other agents' states.
 
 Why saved states in host memory rather than extra llama.cpp sequences:
 
 * recurrent and hybrid memory (Qwen3.5) cannot remove the tail of a sequence, so reuse needs a state
-  taken exactly at a block boundary; llama.cpp's ``n_rs_seq`` only rolls a sequence back by a few
-  tokens (speculative decoding), not to an arbitrary earlier block;
+  taken exactly at a cut; llama.cpp's ``n_rs_seq`` only rolls a sequence back by a few tokens
+  (speculative decoding), not to an arbitrary earlier cut;
 * a restored state lands in the context's first cells, exactly where a cold prefill puts it, so the
   attention reductions see the same cell order — sequences scattered among other agents' cells
   would not guarantee that;
@@ -110,6 +110,9 @@ class PrefixCache:
             self.misses += 1
             return best, reused
         self.hits += 1
+        keep = self.checkpoint(self._cuts(best))
+        if keep and best.tokens[:keep] in self._entries:  # its transcript's next block turn needs it
+            self._entries.move_to_end(best.tokens[:keep])
         self._entries.move_to_end(best.tokens)
         return best, reused
 
@@ -121,13 +124,28 @@ class PrefixCache:
         candidates = [*self._entries.values(), *([self._pinned] if self._pinned else [])]
         for entry in candidates:
             reuse = shared_cut(entry.tokens, self._cuts(entry), prefix, prefix_cuts)
-            whole = reuse == len(entry.tokens)
-            cuttable = self.partial_reuse and not 0 < self.partial_limit < len(entry.tokens)
-            if not (whole or cuttable):
+            if not (reuse == len(entry.tokens) or self._cuttable(len(entry.tokens))):
                 continue
             if reuse > best_reuse:
                 best, best_reuse = entry, reuse
         return best, best_reuse
+
+    def checkpoint(self, cuts: Cuts) -> int:
+        """Where a prefix cut at ``cuts`` needs a second saved state (0: nowhere): its last block before
+        the element cuts (``chunking.event_cuts``), when the state at its end cannot be cut back to it.
+
+        A transcript's next turn resumes at the last cut it shares with this one; when its new element
+        completes a block, that is the block before this prefix's element cuts. Recurrent memory holds
+        one state for the whole sequence, and a sliding-window state longer than the window has lost the
+        window layers' earlier cells, so neither can serve that turn from the state at its end.
+        """
+        if not cuts or self._cuttable(cuts[-1]):
+            return 0
+        blocks = set(self._block_cuts(cuts[-1]))
+        if set(cuts) <= blocks:
+            return 0
+        before = [c for c in cuts[:-1] if c in blocks and c != self.head]
+        return before[-1] if before else 0
 
     def pin(self, entry: SavedPrefix) -> None:
         """Keep ``entry`` (the template head's state) until ``clear``, outside the limits and the LRU."""
@@ -139,12 +157,14 @@ class PrefixCache:
         return self._pinned
 
     def put(self, entry: SavedPrefix) -> None:
-        """File a complete state; states it extends are dropped, then the least recently used."""
+        """File a complete state; states it extends are dropped (but its ``checkpoint``), then the least
+        recently used."""
         if not self.enabled or not entry.tokens:
             return
         if len(entry.tokens) > self.max_tokens or entry.nbytes > self.max_bytes:
             return  # larger than the whole cache: keeping it would evict everything for nothing
-        for key in [k for k in self._entries if entry.tokens[: len(k)] == k]:
+        keep = self.checkpoint(self._cuts(entry))
+        for key in [k for k in self._entries if entry.tokens[: len(k)] == k and len(k) != keep]:
             self._remove(key)  # the same conversation grew: the new state covers the old one
         self._entries[entry.tokens] = entry
         self._tokens += len(entry.tokens)
@@ -167,6 +187,10 @@ class PrefixCache:
             misses=self.misses,
             evictions=self.evictions,
         )
+
+    def _cuttable(self, n_tokens: int) -> bool:
+        """A saved state of ``n_tokens`` can be cut back to an earlier cut."""
+        return self.partial_reuse and not 0 < self.partial_limit < n_tokens
 
     def _block_cuts(self, n_tokens: int) -> Cuts:
         return block_cuts(n_tokens, self.block, self.head)

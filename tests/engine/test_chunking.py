@@ -141,14 +141,9 @@ def test_a_new_state_reuses_the_head_and_answers_like_no_cache(
         warm = [on.score([d]) for d in decisions]
         cold = [off.score([d]) for d in decisions]
         head = on.head_cut
-        if on.prefix_cache.partial_reuse:
-            prefix_user = decision_text(on.scaffold, decisions[0]["state"], "", []).prefix_user
-            assert head == len(on.prompt_tokens([decisions[0]])[0]) - len(
-                on.runtime.tokenize(prefix_user, False)
-            )
-            assert on.prefix_cache.pinned is not None
-        else:
-            assert head == 0 and on.prefix_cache.pinned is None
+        prefix_user = decision_text(on.scaffold, decisions[0]["state"], "", []).prefix_user
+        assert head == len(on.prompt_tokens([decisions[0]])[0]) - len(on.runtime.tokenize(prefix_user, False))
+        assert on.prefix_cache.pinned is not None
         assert [b.timing.prefix_reused_tokens for b in warm] == [head, head]  # pinned at load
         assert [b.timing.prefix_reused_tokens for b in cold] == [0, 0]
         assert on.prefix_cache_stats().hits == 0  # the head alone is not a hit

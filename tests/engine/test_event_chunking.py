@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from semif_adapter.engine import DecisionEngine
-from semif_adapter.engine.chunking import element_spans, event_cuts
+from semif_adapter.engine.chunking import element_spans, event_cuts, shared_cut
 from tests.helpers.support import engine_settings, engines_under_test
 
 BLOCK = 64
@@ -131,12 +131,6 @@ def test_event_states_answer_alike_cold_warm_and_interleaved(
         small.close()
     assert again == baseline
 
-    if not on.event_cuts:  # sliding-window, recurrent or hybrid memory: the block rule
-        decisions = turn_decisions("ops", 1)
-        prefix, _ = on.prompt_tokens(decisions)
-        cuts = on.prefix_cuts(decisions)
-        assert cuts and set(cuts) <= set(on._block_cuts(len(prefix)))  # blocks, up to the state's end
-        return
     # a warm turn whose previous last cut survives (its new event did not cross a block) reuses all of it:
     # it decodes the new event and the array's closing tokens only
     kept = 0
@@ -160,11 +154,63 @@ def test_a_string_state_with_the_same_text_is_cut_alike(
     as_text = turn_decisions("billing", 2, as_text=True)
     prefix, _ = on.prompt_tokens(as_list)
     assert on.prompt_tokens(as_text)[0] == prefix and on.prefix_cuts(as_list) == on.prefix_cuts(as_text)
-    if on.event_cuts:
-        assert on.prefix_cuts(as_text) != on._block_cuts(len(prefix))
+    assert on.prefix_cuts(as_text) != on._block_cuts(len(prefix))
     off.reset_prefix_cache()
     a = off.score(as_list).results
     on.reset_prefix_cache()
     on.score(turn_decisions("billing", 1))
     b = on.score(as_text).results
     assert [(r.probabilities, r.option_logits) for r in a] == [(r.probabilities, r.option_logits) for r in b]
+
+
+def long_turn(turn: int) -> list[dict]:
+    """One agent's transcript of 14 + ``turn`` tool events (about 40 tokens each)."""
+    rng = random.Random("long-transcript")
+    history = [
+        {
+            "step": step,
+            "role": "tool",
+            "name": rng.choice(["shell", "http_get", "sql"]),
+            "content": f"exit {rng.randint(0, 3)}: {rng.randint(10, 999)} rows from shard "
+            f"{rng.randint(1, 64)}, p99 {rng.randint(5, 900)} ms, retried {rng.randint(0, 4)} times.",
+        }
+        for step in range(14 + turn)
+    ]
+    return [
+        {"id": "next", "state": history, "question": "What next?", "options": [{"id": a} for a in ACTIONS]}
+    ]
+
+
+@pytest.mark.parametrize("model", engines_under_test(("gemma", "hybrid", "mamba")))
+def test_a_state_that_cannot_be_cut_back_resumes_where_the_transcript_was_cut(
+    request: pytest.FixtureRequest, model: str
+) -> None:
+    """A saved state longer than a sliding window, or holding recurrent state, cannot be cut back, so the
+    engine also files the state at the block before the element cuts: a turn whose new event completes a
+    block resumes there rather than from the head, and answers stay bit-identical to cold ones."""
+    gguf: Path = request.getfixturevalue(f"{model}_gguf")
+    off, on = load(gguf, 0), load(gguf, 1 << 16)
+    try:
+        window, runtime = on.runtime.n_swa, on.runtime
+        assert window > 0 or runtime.is_recurrent or runtime.is_hybrid
+        assert len(on.prompt_tokens(long_turn(0))[0]) > window + BLOCK
+        crossed = 0
+        for turn in range(7):
+            decisions = long_turn(turn)
+            warm = on.score(decisions)
+            off.reset_prefix_cache()
+            cold = off.score(decisions)
+            assert [(r.probabilities, r.option_logits) for r in warm.results] == [
+                (r.probabilities, r.option_logits) for r in cold.results
+            ]
+            if not turn:
+                continue
+            now, before = on.prefix_cuts(decisions), on.prefix_cuts(long_turn(turn - 1))
+            tokens, previous = on.prompt_tokens(decisions)[0], on.prompt_tokens(long_turn(turn - 1))[0]
+            shared = shared_cut(tokens, now, previous, before)
+            assert shared > on.head_cut and warm.timing.prefix_reused_tokens == shared
+            crossed += now[: len(before)] != before
+        assert crossed >= 2  # turns whose new event completed a block
+    finally:
+        off.close()
+        on.close()

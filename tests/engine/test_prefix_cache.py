@@ -117,3 +117,25 @@ def test_a_state_longer_than_the_sliding_window_is_never_cut() -> None:
     cache.put(saved([5] * 8))  # within the window: all its cells are there, cutting is safe
     entry, reused = cache.lookup((5, 5, 5, 5, 9, 9, 9, 9))
     assert entry is not None and reused == 4
+
+
+def test_a_state_that_cannot_be_cut_back_keeps_its_block_checkpoint() -> None:
+    """Event cuts (block 4, elements past the last block) on memory that reuses states only whole: the
+    state at the block before the element cuts stays filed as the transcript grows, and is kept fresh."""
+    cache = PrefixCache(40, 10_000, block=4, partial_reuse=False)
+    assert cache.checkpoint((4, 8, 10, 11)) == 8
+    assert cache.checkpoint((4, 8)) == 0  # blocks only: the state at the end is all a next turn needs
+    assert PrefixCache(40, 10_000, block=4, partial_reuse=True).checkpoint((4, 8, 10, 11)) == 0
+    assert PrefixCache(40, 10_000, block=4, partial_reuse=True, partial_limit=8).checkpoint((4, 8, 10)) == 8
+    turn = list(range(100, 111))
+    cache.put(saved(turn[:8]))  # the checkpoint (block cuts: 4, 8)
+    cache.put(SavedPrefix(tuple(turn[:10]), (ctypes.c_uint8 * 10)(), (4, 8, 10)))
+    cache.put(SavedPrefix(tuple(turn), (ctypes.c_uint8 * 10)(), (4, 8, 10, 11)))  # the next turn
+    assert {len(k) for k in cache._entries} == {8, 11}  # the older end state went, the checkpoint stayed
+    crossed = (*turn, 120, 121, 122)  # a turn whose new element completed the block at 12
+    assert cache.peek(crossed, (4, 8, 12, 14)) == (cache._entries[tuple(turn[:8])], 8)
+    for other in range(3):
+        cache.put(saved([other] * 4))
+    cache.lookup((*turn, 1), (4, 8, 10, 11))  # the transcript's end state is used: its checkpoint too
+    cache.put(saved([7] * 12))  # 31 + 12 tokens > 40: the least recent other goes first
+    assert tuple(turn[:8]) in cache._entries and tuple(turn) in cache._entries
