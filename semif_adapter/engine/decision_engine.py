@@ -405,11 +405,12 @@ class DecisionEngine:
         last = cuts[-1] if cuts else 0  # the state saved there; the rest is decoded after the save
         fresh: list[SavedPrefix] = []
         if last > reused:
+            # the state at the last cut, and where it cannot be cut back, at the block before its elements
             filed = [p for p in (cache.checkpoint(cuts), last) if p > reused and p != self.head_cut]
             states = self._decode_chunks(
                 prefix_tokens, chunks(cuts, reused, last), cuts, cancel, filed if cache.enabled else ()
             )
-            fresh = [SavedPrefix(key[:p], states[p], self._cuts_to(cuts, p)) for p in filed if p in states]
+            fresh = [SavedPrefix(key[:p], state, self._cuts_to(cuts, p)) for p, state in states.items()]
         runtime.decode(prefix_tokens[last:], last, PREFIX_SEQ, False, self.block_tokens, cancel=cancel)
         for entry in fresh:
             cache.put(entry)

@@ -60,11 +60,6 @@ class CacheStats:
     evictions: int
 
 
-def common_blocks(a: tuple[int, ...], b: tuple[int, ...], block: int) -> int:
-    """How many leading whole blocks of ``block`` tokens ``a`` and ``b`` share."""
-    return shared_cut(a, block_cuts(len(a), block), b, block_cuts(len(b), block)) // block
-
-
 class PrefixCache:
     """An LRU of saved prefix states bounded in tokens and bytes (either bound 0 disables it)."""
 

@@ -22,7 +22,7 @@ from semif_adapter.engine.deadline import Deadline, DeadlineExceeded
 from semif_adapter.engine.llama_backend import BRANCH_SEQ
 from semif_adapter.errors import EngineFailure, TokenBudgetExceeded
 from semif_adapter.throughput import Throughput
-from tests.helpers.support import engine_settings, engines_under_test
+from tests.helpers.support import Answers, engine_settings, engines_under_test, play_turns
 
 BLOCK = 32
 N_CTX = 2048
@@ -69,20 +69,9 @@ def turn_decisions(agent: str, turn: int) -> list[dict]:
     ]
 
 
-Answers = dict[tuple[str, int, str], tuple[list[float], list[float]]]
-
-
 def play(engine: DecisionEngine, schedule: list[tuple[str, int]], *, cold: bool) -> tuple[Answers, list[int]]:
-    answers: Answers = {}
-    reused: list[int] = []
-    for agent, turn in schedule:
-        if cold:
-            engine.reset_prefix_cache()
-        batch = engine.score(turn_decisions(agent, turn))
-        reused.append(batch.timing.prefix_reused_tokens)
-        for r in batch.results:
-            answers[(agent, turn, r.id)] = (r.probabilities, r.option_logits)
-    return answers, reused
+    answers, timings = play_turns(engine, schedule, turn_decisions, cold=cold)
+    return answers, [t.prefix_reused_tokens for t in timings]
 
 
 def sequential() -> list[tuple[str, int]]:

@@ -17,7 +17,7 @@ import pytest
 
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.engine.chunking import element_spans, event_cuts, shared_cut
-from tests.helpers.support import engine_settings, engines_under_test
+from tests.helpers.support import Answers, engine_settings, engines_under_test, play_turns
 
 BLOCK = 64
 N_CTX = 2048
@@ -77,20 +77,10 @@ def test_event_cuts_are_blocks_then_the_elements_after_the_last_block() -> None:
     assert crossed == (64, 128, 130)
 
 
-Answers = dict[tuple[str, int, str], tuple[list[float], list[float]]]
-
-
 def play(engine: DecisionEngine, schedule: list[tuple[str, int]], *, cold: bool) -> tuple[Answers, list[int]]:
-    answers: Answers = {}
-    fresh: list[int] = []
-    for agent, turn in schedule:
-        if cold:
-            engine.reset_prefix_cache()
-        batch = engine.score(turn_decisions(agent, turn))
-        fresh.append(batch.timing.prefix_tokens - batch.timing.prefix_reused_tokens)
-        for r in batch.results:
-            answers[(agent, turn, r.id)] = (r.probabilities, r.option_logits)
-    return answers, fresh
+    """The answers, and how many prefix tokens each request decoded."""
+    answers, timings = play_turns(engine, schedule, turn_decisions, cold=cold)
+    return answers, [t.prefix_tokens - t.prefix_reused_tokens for t in timings]
 
 
 @pytest.fixture(scope="module", params=engines_under_test())

@@ -6,7 +6,8 @@ import ctypes
 
 from prometheus_client import generate_latest
 
-from semif_adapter.engine.prefix_cache import PrefixCache, SavedPrefix, common_blocks
+from semif_adapter.engine.chunking import block_cuts, shared_cut
+from semif_adapter.engine.prefix_cache import PrefixCache, SavedPrefix
 from semif_adapter.metrics import Metrics
 
 
@@ -14,12 +15,15 @@ def saved(tokens: list[int], nbytes: int = 100) -> SavedPrefix:
     return SavedPrefix(tuple(tokens), (ctypes.c_uint8 * nbytes)())
 
 
-def test_common_blocks_counts_only_whole_equal_blocks() -> None:
+def test_block_cuts_share_only_whole_equal_blocks() -> None:
+    def common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+        return shared_cut(a, block_cuts(len(a), 4), b, block_cuts(len(b), 4))
+
     a = tuple(range(10))
-    assert common_blocks(a, a, 4) == 2  # the partial third block never counts
-    assert common_blocks(a, (*a[:5], 99, *a[6:]), 4) == 1
-    assert common_blocks(a, (99, *a[1:]), 4) == 0
-    assert common_blocks(a, a[:7], 4) == 1
+    assert common(a, a) == 8  # the partial third block never counts
+    assert common(a, (*a[:5], 99, *a[6:])) == 4
+    assert common(a, (99, *a[1:])) == 0
+    assert common(a, a[:7]) == 4
 
 
 def test_lookup_takes_the_longest_block_match_and_counts_hits() -> None:

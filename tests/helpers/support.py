@@ -12,10 +12,10 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -29,6 +29,9 @@ from semif_adapter.protocol import (
 )
 from semif_adapter.settings import Settings
 
+if TYPE_CHECKING:
+    from semif_adapter.engine import DecisionEngine
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_N_CTX = 4096
 ENGINES = ("gemma", "qwen", "hybrid", "mamba")
@@ -39,6 +42,31 @@ def engines_under_test(default: Sequence[str] = ENGINES) -> list[str]:
     ``SEMIF_TEST_ENGINES`` (the GPU check runs them on the random ones: hybrid, mamba, dense)."""
     chosen = os.environ.get("SEMIF_TEST_ENGINES", "").strip()
     return [name.strip() for name in chosen.split(",") if name.strip()] if chosen else list(default)
+
+
+#: An agent loop's answers: (agent, turn, decision id) -> (probabilities, option logits).
+Answers = dict[tuple[str, int, str], tuple[list[float], list[float]]]
+
+
+def play_turns(
+    engine: DecisionEngine,
+    schedule: Sequence[tuple[str, int]],
+    decisions_for: Callable[[str, int], list[dict]],
+    *,
+    cold: bool,
+) -> tuple[Answers, list[BatchTiming]]:
+    """Score each (agent, turn) of ``schedule`` (``cold``: the cache emptied before each); the answers
+    and each request's timing."""
+    answers: Answers = {}
+    timings: list[BatchTiming] = []
+    for agent, turn in schedule:
+        if cold:
+            engine.reset_prefix_cache()
+        batch = engine.score(decisions_for(agent, turn))
+        timings.append(batch.timing)
+        for r in batch.results:
+            answers[(agent, turn, r.id)] = (r.probabilities, r.option_logits)
+    return answers, timings
 
 
 def fake_model_info(**overrides: object) -> ModelInfo:
