@@ -437,6 +437,11 @@ def bench_model(key: str, binary: Path, args: argparse.Namespace, logs: Path) ->
         ) as their_client,
     ):
         duel = Duel(ours_client, their_client, engine)
+        # which numerics our server's probe chose (a tiny state of its own, so no workload item is warmed)
+        meta = decision("meta", "Numerics check.", "Ready?", ["yes", "no"])
+        served = ours_client.post("/invocations", {"decisions": [meta]})["results"][0]["model"]
+        keys = ("numerics", "numerics_reason", "numerics_min_piece", "batch_sequences")
+        result["ours_numerics"] = {k: served.get(k) for k in keys}
         for name, items in plan.items():
             us, them = Side("ours"), Side("llama-server")
             load_before = load_average()
@@ -496,6 +501,13 @@ def markdown(report: dict) -> str:
                 f"| {w['ratio']:.2f} | {w['ours_reask_drift']:.2e} | {w['llama_server_reask_drift']:.2e} "
                 f"| {w['load_average_before']} |"
             )
+    lines.append("")
+    for row in report["models"]:
+        numerics = row.get("ours_numerics") or {}
+        lines.append(
+            f"Our numerics on {row['model']}: {numerics.get('numerics')} "
+            f"({numerics.get('numerics_reason')}), {numerics.get('batch_sequences')} decisions per call."
+        )
     lines.append("")
     lines.append(
         "Largest |Δp| between the two servers on the same tokens: "

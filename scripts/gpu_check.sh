@@ -163,9 +163,11 @@ check() {
         SEMIF_TEST_TOKENIZER_GGUF=$BUNDLE/tokenizer.gguf SEMIF_ENGINE_NICE=0 \
         "$PY" -m pytest -q -p no:randomly -o cache_dir="$WORK/pytest-cache" \
         tests/engine/test_engine.py tests/engine/test_deadline.py tests/engine/test_agent_loop_cache.py \
-        tests/engine/test_event_chunking.py tests/engine/test_chunking.py \
-        -k "not gemma" --junitxml "$OUT/determinism.xml"
-    rc=$?
+        tests/engine/test_event_chunking.py tests/engine/test_chunking.py tests/engine/test_numerics.py \
+        -k "not gemma and not qwen" -rA --junitxml "$OUT/determinism.xml" | tee "$WORK/check.log"
+    rc=${PIPESTATUS[0]}
+    # which numerics the probe chose on this backend, and why (test_numerics prints one line per model)
+    grep -E '^[a-z0-9_]+: (invariant|fixed-split) \(' "$WORK/check.log" >"$OUT/numerics.txt" || true
     record check seconds=$((SECONDS - started)) exit_code=$rc n_gpu_layers="$layers"
     say "engine tests exit code $rc in $((SECONDS - started)) s"
 }

@@ -53,6 +53,16 @@ class Metrics:
         self.in_flight = Gauge(
             "semif_engine_admitted", "Requests running or waiting for the engine", registry=r
         )
+        self.numerics = Gauge(
+            "semif_numerics",
+            "1 for the numerics the engine runs (invariant: proven by the probe at load; fixed-split), "
+            "with the shortest safe piece and the decisions decoded per call",
+            ["mode", "min_piece", "batch_sequences"],
+            registry=r,
+        )
+
+    def record_numerics(self, mode: str, min_piece: int, batch_sequences: int) -> None:
+        self.numerics.labels(mode, str(min_piece), str(batch_sequences)).set(1)
 
     def record_prefill(self, prefix_tokens: int, reused_tokens: int) -> None:
         self.prefill_tokens.inc(prefix_tokens - reused_tokens)

@@ -110,6 +110,20 @@ class ModelInfo(BaseModel):
     chat_template: bool
     llama_cpp_python_version: str
     fork_mode: str
+    numerics: str = Field(
+        default="fixed-split",
+        description="invariant: batch-invariant kernels, proven by the probe at load (decisions share decode "
+        "calls); fixed-split: every prompt decoded in the same chunks, each decision alone.",
+    )
+    numerics_reason: str = Field(
+        default="", description="Why: what the numerics probe found, or the setting."
+    )
+    numerics_min_piece: int = Field(
+        default=0, description="Invariant numerics: the shortest piece of a sequence a decode call may hold."
+    )
+    batch_sequences: int = Field(
+        default=1, description="Decisions decoded together in one llama_decode call."
+    )
 
 
 class CalibrationApplied(BaseModel):

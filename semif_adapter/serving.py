@@ -98,6 +98,7 @@ class DecisionService:
         self.phase = Phase.ready
         self.metrics.ready.set(1)
         info = self.engine.model_info
+        self.metrics.record_numerics(info.numerics, info.numerics_min_piece, info.batch_sequences)
         log.info(
             "model ready",
             extra={
@@ -108,6 +109,9 @@ class DecisionService:
                 "n_threads": info.n_threads,
                 "n_gpu_layers": info.n_gpu_layers,
                 "fork_mode": info.fork_mode,
+                "numerics": info.numerics,
+                "numerics_reason": info.numerics_reason,
+                "batch_sequences": info.batch_sequences,
                 "load_seconds": round(time.perf_counter() - started, 3),
             },
         )
@@ -267,4 +271,3 @@ class DecisionService:
             await self.admission.run_exclusive(self._warm_up)
         except Exception as exc:
             self._fail(f"engine failed its health probe after an error: {exc}")
-

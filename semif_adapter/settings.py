@@ -41,6 +41,29 @@ class EngineSettings(BaseSettings):
         default="auto",
         description="How a decision branches off the shared prefix: seq copy, or state save/restore.",
     )
+    numerics: Literal["auto", "invariant", "fixed-split"] = Field(
+        default="auto",
+        description="auto: batch-invariant kernels when the probe at load proves them on this library and "
+        "model (decisions share decode calls), else the fixed split; invariant: refuse to start unless "
+        "proven; fixed-split: one decode call per decision, prefix in fixed blocks.",
+    )
+    batch_sequences: int = Field(
+        default=4,
+        ge=1,
+        le=63,
+        description="Invariant numerics: decisions decoded together in one llama_decode call, each in a KV "
+        "stream of its own (the context holds 1 + this many streams of n_ctx cells).",
+    )
+    flash_attention: bool = Field(
+        default=False,
+        description="Flash attention in invariant numerics (its tiles follow the batch on CPU, so the probe "
+        "usually refuses it and the engine falls back to the fixed split).",
+    )
+    numerics_probe_cache: bool = Field(
+        default=True,
+        description="Keep the numerics probe's verdict per llama.cpp library and model file (in the user's "
+        "cache folder) so a restart skips the probe.",
+    )
     prefix_block_tokens: int = Field(
         default=128,
         ge=16,

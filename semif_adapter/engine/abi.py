@@ -29,7 +29,7 @@ BY_VALUE_STRUCTS = ("llama_model_params", "llama_context_params", "llama_batch")
 # The fields the engine touches, with the C type it relies on: i32/u32 = (u)int32_t, bool, and pointer
 # kinds ("*i32" = int32_t *, "**i32" = int32_t **). Changing the engine's use of a field means changing this.
 ENGINE_FIELDS: dict[str, dict[str, str]] = {
-    "llama_model_params": {"n_gpu_layers": "i32"},
+    "llama_model_params": {"n_gpu_layers": "i32", "use_extra_bufts": "bool"},
     "llama_context_params": {
         "n_ctx": "u32",
         "n_batch": "u32",
@@ -41,6 +41,7 @@ ENGINE_FIELDS: dict[str, dict[str, str]] = {
         "no_perf": "bool",
         "kv_unified": "bool",
         "swa_full": "bool",
+        "flash_attn_type": "i32",
     },
     "llama_batch": {
         "n_tokens": "i32",

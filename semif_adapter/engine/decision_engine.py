@@ -24,12 +24,14 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
 
+from semif_adapter.engine.calls import group_calls, pieces
 from semif_adapter.engine.chunking import (
     Cuts,
     block_cuts,
@@ -42,7 +44,8 @@ from semif_adapter.engine.chunking import (
 )
 from semif_adapter.engine.deadline import Deadline
 from semif_adapter.engine.labels import LabelSet, build_label_set
-from semif_adapter.engine.llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime
+from semif_adapter.engine.llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime, Part
+from semif_adapter.engine.numerics import FIXED_SPLIT, INVARIANT, Verdict, VerdictCache, probe
 from semif_adapter.engine.prefix_cache import CacheStats, PrefixCache, SavedPrefix
 from semif_adapter.engine.prompt import (
     PROMPT_VERSION,
@@ -52,7 +55,13 @@ from semif_adapter.engine.prompt import (
     build_scaffold,
     decision_text,
 )
-from semif_adapter.errors import DecisionValidationError, EngineFailure, SemifError, TokenBudgetExceeded
+from semif_adapter.errors import (
+    DecisionValidationError,
+    EngineFailure,
+    ModelLoadError,
+    SemifError,
+    TokenBudgetExceeded,
+)
 from semif_adapter.model.calibration import Calibration, apply_temperature, find_calibration
 from semif_adapter.model.manifest import verify_model_file
 from semif_adapter.protocol import (
@@ -75,6 +84,43 @@ log = logging.getLogger(__name__)
 
 _PROBE_STATE = "The build is green and all tests pass."
 _PROBE_TOLERANCE = 1e-6
+# The numerics probe's prompt: a state of a few hundred tokens and questions of different lengths.
+_NUMERICS_STATE = (
+    "Ticket 4471, enterprise plan: the nightly export to the data warehouse failed three nights in a row "
+    "with a timeout after 30 minutes. The export job moved to a new worker pool last week; the old pool had "
+    "twice the memory. Logs show 14 million rows read from the orders table before the timeout. The "
+    "customer asks whether the export will run tonight and whether this month's invoices are affected."
+)
+_NUMERICS_QUESTIONS = (
+    ("Who owns it?", ["data", "billing"]),
+    ("Which team should own this ticket first?", ["data platform", "billing", "identity", "support"]),
+    (
+        "What is the most likely cause of the failed exports, judging from the logs and the recent change?",
+        [
+            "less memory on the new worker pool",
+            "a larger orders table",
+            "a network fault",
+            "a bug in the job",
+        ],
+    ),
+    ("Is it urgent?", ["yes", "no", "unknown"]),
+    ("Should the customer be told that their invoices are not affected by this failure?", ["yes", "no"]),
+    (
+        "Which of these should the on-call engineer do first, given the logs, the new worker pool and the "
+        "customer's two questions?",
+        [
+            "move the export job back to the old worker pool",
+            "split the export into smaller batches",
+            "raise the job's timeout",
+            "answer the customer about the invoices",
+            "page the data platform team",
+            "wait for tonight's run",
+        ],
+    ),
+)
+# Invariant numerics: a prefix tail this short (times the other decisions) is decoded in every decision's
+# own call rather than in a call of its own.
+TAIL_COPY_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -106,7 +152,10 @@ class DecisionEngine:
         sha256: str | None = None,
         name: str | None = None,
         calibration: Calibration | None = None,
+        verdict: Verdict | None = None,
     ) -> None:
+        """``verdict``: the numerics already decided (a fixed-split fallback carries the probe's reason);
+        without one, an invariant-configured ``runtime`` is probed here."""
         self.runtime = runtime
         self.settings = settings
         self.gguf_path = gguf_path
@@ -123,6 +172,7 @@ class DecisionEngine:
         )
         self._cached_prefix: list[int] | None = None
         self._cached_cuts: Cuts | None = None
+        self._kept_until = 0  # invariant numerics: sequence 0 holds the kept prefix up to here
         self._snapshot: Any = None
         self.block_tokens = min(settings.prefix_block_tokens, runtime.n_batch)
         # the head ends a chunk and its state is pinned (``chunking``); attention-only memory can cut a
@@ -135,8 +185,15 @@ class DecisionEngine:
             partial_reuse=not (runtime.is_recurrent or runtime.is_hybrid),
             partial_limit=runtime.n_swa,
             head=self.head_cut,
+            any_cut=runtime.invariant,
         )
+        # invariant numerics branch by sequence copy (one stream per decision); a probe decides both
+        self.invariant = False
         self.fork_mode = settings.fork_mode if settings.fork_mode != "auto" else self._probe_fork_mode()
+        self.verdict = verdict or self._prove_numerics()
+        self.invariant = self.verdict.invariant and runtime.invariant
+        self.min_piece = self.verdict.min_piece or 1
+        self.prefix_cache.any_cut = self.invariant and self.prefix_cache.any_cut
         self._pin_head()
         self.model_info = ModelInfo(
             name=name or gguf_path.name.removesuffix(".gguf"),
@@ -151,6 +208,10 @@ class DecisionEngine:
             chat_template=self.scaffold.uses_chat_template,
             llama_cpp_python_version=package_version("llama-cpp-python"),
             fork_mode=self.fork_mode,
+            numerics=INVARIANT if self.invariant else FIXED_SPLIT,
+            numerics_reason=self.verdict.reason,
+            numerics_min_piece=self.verdict.min_piece if self.invariant else 0,
+            batch_sequences=runtime.n_seq_max - 1 if self.invariant else 1,
         )
 
     @classmethod
@@ -166,19 +227,42 @@ class DecisionEngine:
                 sha256, name = verified.sha256, verified.manifest.name
         calibration_path = find_calibration(path.parent, settings.calibration_path)
         calibration = Calibration.load(calibration_path) if calibration_path else None
-        runtime = LlamaRuntime(
-            path,
-            n_ctx=settings.n_ctx,
-            n_batch=settings.n_batch,
-            n_threads=settings.n_threads,
-            n_gpu_layers=settings.n_gpu_layers,
-            abi_record=settings.llama_abi_record,
-        )
-        try:
-            return cls(runtime, settings, gguf_path=path, sha256=sha256, name=name, calibration=calibration)
-        except BaseException:
-            runtime.close()
-            raise
+
+        def build(invariant: bool, verdict: Verdict | None) -> DecisionEngine:
+            runtime = LlamaRuntime(
+                path,
+                n_ctx=settings.n_ctx,
+                n_batch=settings.n_batch,
+                n_threads=settings.n_threads,
+                n_gpu_layers=settings.n_gpu_layers,
+                abi_record=settings.llama_abi_record,
+                invariant=invariant,
+                n_seq_max=1 + settings.batch_sequences,
+                flash_attention=settings.flash_attention,
+            )
+            try:
+                return cls(
+                    runtime, settings, gguf_path=path, sha256=sha256, name=name, calibration=calibration,
+                    verdict=verdict,
+                )  # fmt: skip
+            except BaseException:
+                runtime.close()
+                raise
+
+        if settings.numerics == FIXED_SPLIT:
+            return build(False, Verdict(FIXED_SPLIT, "SEMIF_NUMERICS=fixed-split"))
+        engine = build(True, None)
+        if engine.invariant:
+            return engine
+        found = engine.verdict
+        engine.close()
+        if settings.numerics == INVARIANT:
+            raise ModelLoadError(
+                f"SEMIF_NUMERICS=invariant, but the numerics probe failed on this library and model: "
+                f"{found.reason}; use SEMIF_NUMERICS=auto (falls back to the fixed split) or fixed-split"
+            )
+        log.warning("numerics: the fixed split (%s)", found.reason)
+        return build(False, found)
 
     @property
     def max_options(self) -> int:
@@ -221,6 +305,18 @@ class DecisionEngine:
         """Where a request's prefix is cut into decode chunks (``chunking``); the rest follows the last."""
         return self._plan(self._parse(decisions))[2]
 
+    def saved_cuts(self, cuts: Cuts) -> tuple[int, ...]:
+        """Where a prefix cut at ``cuts`` files its saved states: the last cut and, where a state cannot be
+        cut back, the block before a transcript's elements; in invariant numerics only those its calls
+        stop at (``_stops``)."""
+        if not (cuts and self.prefix_cache.enabled):
+            return ()
+        filed = [p for p in (self.prefix_cache.checkpoint(cuts), cuts[-1]) if p and p != self.head_cut]
+        if self.invariant:
+            chain = self._stops(cuts, filed)
+            filed = [p for p in filed if p in chain]
+        return tuple(sorted(set(filed)))
+
     def prefix_cache_stats(self) -> CacheStats:
         return self.prefix_cache.stats()
 
@@ -238,8 +334,16 @@ class DecisionEngine:
         if not (self.prefix_cache.enabled and self.head_cut > 0):
             return
         cuts = head_cuts(self.head_cut, self.block_tokens)
+        spans = chunks(cuts, 0, self.head_cut)
+        if self.invariant:  # the calls any prompt makes up to the head (``_stops``), if it stops there
+            points = [0, *self._stops(cuts, ())]
+            if points[-1] != self.head_cut:
+                return
+            spans = [
+                p for a, b in pairwise(points) for p in pieces(a, b, self.runtime.n_batch, self.min_piece)
+            ]
         try:
-            self._decode_chunks(self._head_tokens, chunks(cuts, 0, self.head_cut), cuts)
+            self._decode_chunks(self._head_tokens, spans, cuts)
         finally:
             self._reset()
 
@@ -361,6 +465,7 @@ class DecisionEngine:
         complete, whatever failed since)."""
         self._cached_prefix = None
         self._cached_cuts = None
+        self._kept_until = 0
         self._snapshot = None
         try:
             self.runtime.clear(wipe)
@@ -392,16 +497,9 @@ class DecisionEngine:
         cuts = cuts if cuts is not None else self._block_cuts(len(prefix_tokens))
         if self._keeps(prefix_tokens, cuts):
             return len(prefix_tokens)
-        self._reset()
         runtime, cache = self.runtime, self.prefix_cache
         key = tuple(prefix_tokens)
-        reused = 0
-        if cache.enabled:
-            saved, reused = cache.lookup(key, cuts)
-            if saved is not None:
-                runtime.restore_seq(PREFIX_SEQ, saved.data)
-                if reused < len(saved.tokens):
-                    runtime.drop(PREFIX_SEQ, reused)
+        reused = self._restore(key, cuts)
         last = cuts[-1] if cuts else 0  # the state saved there; the rest is decoded after the save
         fresh: list[SavedPrefix] = []
         if last > reused:
@@ -418,6 +516,19 @@ class DecisionEngine:
         self._cached_cuts = cuts
         if self.fork_mode == "state":
             self._snapshot = runtime.save_seq(PREFIX_SEQ)
+        return reused
+
+    def _restore(self, key: tuple[int, ...], cuts: Cuts) -> int:
+        """Empty the context, then restore the saved state that serves most of ``key`` into sequence 0
+        (cut back to what it shares); returns how many prefix tokens it holds."""
+        self._reset()
+        if not self.prefix_cache.enabled:
+            return 0
+        saved, reused = self.prefix_cache.lookup(key, cuts)
+        if saved is not None:
+            self.runtime.restore_seq(PREFIX_SEQ, saved.data)
+            if reused < len(saved.tokens):
+                self.runtime.drop(PREFIX_SEQ, reused)
         return reused
 
     def _cuts_to(self, cuts: Cuts, last: int) -> Cuts | None:
@@ -476,8 +587,10 @@ class DecisionEngine:
         finally:
             runtime.restore_seq(PREFIX_SEQ, self._snapshot)
 
-    def _read(self, label_ids: list[int]) -> _Readout:
-        logits = self.runtime.last_logits()  # zero-copy view of the vocabulary row
+    def _read(self, label_ids: list[int], logits: np.ndarray | None = None) -> _Readout:
+        """The label logits and the readout's checks, from ``logits`` (default: the last position's)."""
+        if logits is None:
+            logits = self.runtime.last_logits()  # zero-copy view of the vocabulary row
         selected = logits[label_ids].astype(np.float64)
         top = int(logits.argmax())  # NaN anywhere makes argmax land on it
         peak = float(logits[top])
@@ -498,24 +611,19 @@ class DecisionEngine:
         cancel: Deadline | None = None,
     ) -> BatchResult:
         n_prefix = len(prefix_tokens)
-        t0 = time.perf_counter()
-        kept = self._keeps(prefix_tokens, cuts)
-        reused_tokens = self._prefill(prefix_tokens, cancel, cuts)
+        decode = self._decode_shared if self.invariant else self._decode_alone
+        prefill_seconds, reused_tokens, forwards = decode(prefix_tokens, planned, cuts, cancel)
         reused = reused_tokens == n_prefix
-        prefill_seconds = 0.0 if kept else time.perf_counter() - t0
         hasher = PromptHasher(prefix_tokens)
         results: list[DecisionResult] = []
         suffix_total = 0.0
         input_tokens = n_prefix
-        for index, plan in enumerate(planned):
-            if cancel is not None:
-                cancel.check()
-            t_start = time.perf_counter()
-            readout = self._branch(n_prefix, plan.suffix_tokens, plan.label_ids, cancel)
+        for index, (plan, (readout, forward_seconds)) in enumerate(zip(planned, forwards, strict=True)):
             t_forward = time.perf_counter()
             probabilities, applied = self._probabilities(plan.decision, readout.option_logits)
             t_end = time.perf_counter()
-            suffix_total += t_forward - t_start
+            t_start = t_forward - forward_seconds
+            suffix_total += forward_seconds
             input_tokens += len(plan.suffix_tokens)
             argmax_token = readout.argmax_token
             results.append(
@@ -560,6 +668,158 @@ class DecisionEngine:
             ),
         )
 
+    def _decode_alone(
+        self, prefix_tokens: list[int], planned: list[_Planned], cuts: Cuts, cancel: Deadline | None
+    ) -> tuple[float, int, list[tuple[_Readout, float]]]:
+        """The fixed split: the prefix in its chunks, then each decision's suffix in a call of its own.
+        Returns the prefill's seconds (0 when the kept prefix served), the prefix tokens reused, and each
+        decision's readout with its seconds."""
+        t0 = time.perf_counter()
+        kept = self._keeps(prefix_tokens, cuts)
+        reused_tokens = self._prefill(prefix_tokens, cancel, cuts)
+        prefill_seconds = 0.0 if kept else time.perf_counter() - t0
+        forwards: list[tuple[_Readout, float]] = []
+        for plan in planned:
+            if cancel is not None:
+                cancel.check()
+            t_start = time.perf_counter()
+            readout = self._branch(len(prefix_tokens), plan.suffix_tokens, plan.label_ids, cancel)
+            forwards.append((readout, time.perf_counter() - t_start))
+        return prefill_seconds, reused_tokens, forwards
+
+    def _decode_shared(
+        self, prefix_tokens: list[int], planned: list[_Planned], cuts: Cuts, cancel: Deadline | None
+    ) -> tuple[float, int, list[tuple[_Readout, float]]]:
+        """Invariant numerics: the prefix in as few calls as its saved states allow, its tail in the
+        decisions' call(s), and the decisions of a request decoded together, each in its own stream.
+
+        A lone decision on memory that can drop a sequence's tail decodes the prefix tail and its suffix
+        on sequence 0 and drops the suffix after; otherwise the prefix is copied into one stream per
+        decision (at most ``batch_sequences`` at once) and a short tail is decoded in each of them, a
+        long one once before the copies.
+        """
+        runtime, n = self.runtime, len(prefix_tokens)
+        t0 = time.perf_counter()
+        kept = self._keeps(prefix_tokens, cuts)
+        reused_tokens, tail_at = self._prefill_shared(prefix_tokens, cuts, cancel)
+        lone = len(planned) == 1 and not (runtime.is_recurrent or runtime.is_hybrid)
+        tail = prefix_tokens[tail_at:]
+        copies = len(tail) * (len(planned) - 1)
+        if tail and not lone and len(tail) >= self.min_piece and copies > TAIL_COPY_TOKENS:
+            self._decode_run(tail, tail_at, PREFIX_SEQ, cancel)
+            tail, tail_at = [], n
+        prefill_seconds = 0.0 if kept else time.perf_counter() - t0
+        runs = [tail + p.suffix_tokens for p in planned]
+        labels = [p.label_ids for p in planned]
+        forwards = self._decode_runs(runs, tail_at, labels, cancel, fork=not lone)
+        if lone:
+            runtime.drop(PREFIX_SEQ, n)  # the suffix goes; the whole prefix stays
+            tail_at = n
+        # sequence 0 keeps the prefix up to its tail: the next request about this state decodes only
+        # the tail again, in its decisions' calls
+        self._cached_prefix, self._cached_cuts, self._kept_until = list(prefix_tokens), cuts, tail_at
+        return prefill_seconds, reused_tokens, forwards
+
+    def _decode_run(self, tokens: list[int], start: int, seq: int, cancel: Deadline | None) -> None:
+        """One sequence's tokens from ``start``, in calls of at most ``n_batch``, no piece of one token."""
+        for a, b in pieces(0, len(tokens), self.runtime.n_batch, self.min_piece):
+            self.runtime.decode_parts([Part(tokens[a:b], start + a, seq, False)], cancel)
+
+    def _decode_runs(
+        self,
+        runs: list[list[int]],
+        start: int,
+        label_ids: list[list[int]],
+        cancel: Deadline | None,
+        fork: bool = True,
+    ) -> list[tuple[_Readout, float]]:
+        """Each run of tokens from position ``start`` on a copy of sequence 0 (``fork``; else the one run
+        on sequence 0 itself), runs sharing calls as ``calls.group_calls`` allows; each run's readout at
+        its last token, with its share of the calls' seconds (by tokens)."""
+        runtime, limit = self.runtime, self.runtime.n_batch
+        spans = [pieces(0, len(run), limit, self.min_piece) for run in runs]
+        seconds = [0.0] * len(runs)
+        readouts: list[_Readout | None] = [None] * len(runs)
+        width = runtime.n_seq_max - 1 if fork else 1
+        lasts = [b - a for a, b in (s[-1] for s in spans)]
+        for call in group_calls(lasts, limit, self.min_piece, width):
+            # consecutive sequence ids in the call's order: the order llama.cpp's split was modelled in
+            seqs = list(range(1, 1 + len(call))) if fork else [PREFIX_SEQ]
+            if fork:
+                for seq in seqs:
+                    runtime.fork(PREFIX_SEQ, seq)
+            try:
+                for i, seq in zip(call, seqs, strict=True):
+                    for a, b in spans[i][:-1]:  # a run longer than a call: its leading pieces alone
+                        t = time.perf_counter()
+                        runtime.decode_parts([Part(runs[i][a:b], start + a, seq, False)], cancel)
+                        seconds[i] += time.perf_counter() - t
+                at = [spans[i][-1][0] for i in call]
+                parts = [Part(runs[i][a:], start + a, q) for i, a, q in zip(call, at, seqs, strict=True)]
+                t = time.perf_counter()
+                rows = runtime.decode_parts(parts, cancel)
+                for i, row in zip(call, rows, strict=True):
+                    readouts[i] = self._read(label_ids[i], runtime.logits_at(row))
+                elapsed, tokens = time.perf_counter() - t, sum(len(p.tokens) for p in parts)
+                for i, part in zip(call, parts, strict=True):
+                    seconds[i] += elapsed * len(part.tokens) / tokens
+            finally:
+                if fork:
+                    for seq in seqs:
+                        runtime.drop(seq)
+        return [(r, t) for r, t in zip(readouts, seconds, strict=True) if r is not None]
+
+    def _prefill_shared(
+        self, prefix_tokens: list[int], cuts: Cuts, cancel: Deadline | None
+    ) -> tuple[int, int]:
+        """Invariant numerics: sequence 0 holds the prefix up to its tail; returns the tokens reused and
+        where the tail (left to the decisions' calls) starts.
+
+        Calls stop only where a state is saved (the last cut, the block before a transcript's elements
+        where a state cannot be cut back, the template head) and, on a sliding-window model, at every cut
+        (each chunk's state is saved and restored so that the window cache has one layout, see
+        ``_decode_chunks``): ``_stops``.
+        """
+        n = len(prefix_tokens)
+        if self._keeps(prefix_tokens, cuts):
+            return n, self._kept_until
+        runtime, cache = self.runtime, self.prefix_cache
+        key = tuple(prefix_tokens)
+        reused = self._restore(key, cuts)
+        last = cuts[-1] if cuts else 0
+        filed = [cache.checkpoint(cuts), last] if cache.enabled else []
+        chain = self._stops(cuts, filed)
+        points = [reused, *(p for p in chain if p > reused)]
+        while len(points) > 1 and points[1] - points[0] < self.min_piece:
+            del points[1]  # a reuse at any token (attention memory) may leave a short first span
+        tail_at = points[-1]
+        spans = [p for a, b in pairwise(points) for p in pieces(a, b, runtime.n_batch, self.min_piece)]
+        save_at = [p for p in filed if p in points[1:] and p != self.head_cut]
+        states = self._decode_chunks(prefix_tokens, spans, cuts, cancel, save_at)
+        for p, state in states.items():
+            cache.put(SavedPrefix(key[:p], state, self._cuts_to(cuts, p)))
+        return reused, tail_at
+
+    def _stops(self, cuts: Cuts, filed: Collection[int]) -> list[int]:
+        """Invariant numerics: where a prefix cut at ``cuts`` ends its calls, a function of the prompt
+        alone (so a warm prefill resumes at a stop of the cold one and continues with the same calls).
+
+        Calls stop where a state is saved (``filed``, the head) and, on a sliding-window model, at every
+        cut; a stop closer than ``min_piece`` to the one before is passed over, so no call holds a short
+        piece; the state there is not saved (and the prefix's tail starts at the stop before).
+        """
+        last = cuts[-1] if cuts else 0
+        wanted = {p for p in filed if 0 < p <= last}
+        if self.prefix_cache.enabled and 0 < self.head_cut <= last:
+            wanted.add(self.head_cut)
+        if self.runtime.n_swa > 0:
+            wanted.update(cuts)
+        chain: list[int] = []
+        for stop in sorted(wanted):
+            if stop - (chain[-1] if chain else 0) >= self.min_piece:
+                chain.append(stop)
+        return chain
+
     def _probabilities(
         self, decision: Decision, option_logits: np.ndarray
     ) -> tuple[list[float], CalibrationApplied | None]:
@@ -572,6 +832,51 @@ class DecisionEngine:
                 applied = CalibrationApplied(temperature=temperature, key=key)
         probabilities = apply_temperature(option_logits, temperature)
         return [float(p) for p in probabilities], applied
+
+    # --- numerics probe -------------------------------------------------------------------------
+    def _prove_numerics(self) -> Verdict:
+        """Probe an invariant-configured context (``numerics``), or reuse the verdict kept for this
+        library, model file and configuration."""
+        runtime, settings = self.runtime, self.settings
+        if not runtime.invariant:
+            return Verdict(FIXED_SPLIT, "the context was created for the fixed split")
+        if self.fork_mode != "copy":
+            return Verdict(FIXED_SPLIT, "sequence copy does not reproduce this model's prefix state")
+        cache = VerdictCache.default() if settings.numerics_probe_cache else VerdictCache(None)
+        library = getattr(getattr(self.runtime.lib.llama_cpp, "_lib", None), "_name", None)
+        config = {
+            "n_threads": settings.n_threads,
+            "n_batch": runtime.n_batch,
+            "n_gpu_layers": settings.n_gpu_layers,
+            "n_seq_max": runtime.n_seq_max,
+            "flash_attention": settings.flash_attention,
+            "n_ctx": runtime.n_ctx,
+        }
+        key = VerdictCache.key(Path(library) if library else None, self.gguf_path, config)
+        verdict = cache.get(key)
+        if verdict is None:
+            prefix, suffixes = self._numerics_prompt()
+            started = time.perf_counter()
+            verdict = probe(runtime, prefix, suffixes)
+            log.info(
+                "numerics probe: %s in %.2f s (%s)",
+                verdict.mode,
+                time.perf_counter() - started,
+                verdict.reason,
+            )
+            cache.put(key, verdict)
+        self._reset(wipe=True)
+        return verdict
+
+    def _numerics_prompt(self) -> tuple[list[int], list[list[int]]]:
+        """The probe's prefix and suffixes: real decisions of several lengths (the longest over 64 tokens,
+        so that every piece candidate can be tried)."""
+        decisions = [
+            Decision(id=f"p{i}", state=_NUMERICS_STATE, question=q, options=[{"id": o} for o in options])
+            for i, (q, options) in enumerate(_NUMERICS_QUESTIONS)
+        ]
+        prefix_tokens, planned, _ = self._plan(decisions)
+        return prefix_tokens, [p.suffix_tokens for p in planned]
 
     # --- fork probe -----------------------------------------------------------------------------
     def _probe_fork_mode(self) -> str:

@@ -11,12 +11,14 @@ checked once, up front, with one clear message.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +73,18 @@ REQUIRED_SYMBOLS: tuple[str, ...] = (
 
 PREFIX_SEQ = 0
 BRANCH_SEQ = 1
+
+
+@dataclass(frozen=True)
+class Part:
+    """One sequence's tokens in a shared ``llama_decode`` call, from position ``start_pos``."""
+
+    tokens: Sequence[int]
+    start_pos: int
+    seq: int
+    want_logits: bool = True
+
+
 DECODE_ABORTED = 2  # llama_decode's return code when the abort callback stopped it
 
 # The abort callback is libc's strlen over the cancel token's two-byte flag ("\x01\0" -> 1 -> abort):
@@ -166,7 +180,8 @@ def _check_struct_layout(cparams: Any) -> None:
 
 
 class LlamaRuntime:
-    """One model and one two-sequence context: sequence 0 holds the prefix, 1 a decision branch."""
+    """One model and one context: sequence 0 holds the prefix, the others decision branches (one branch
+    in the fixed split; ``n_seq_max - 1`` decoded together, each in its own KV stream, when invariant)."""
 
     def __init__(
         self,
@@ -178,7 +193,13 @@ class LlamaRuntime:
         n_gpu_layers: int,
         verbose: bool = False,
         abi_record: Path | None = None,
+        invariant: bool = False,
+        n_seq_max: int = 2,
+        flash_attention: bool = False,
     ) -> None:
+        """``invariant``: the batch-invariant configuration (``numerics``): weight repacking and flash
+        attention off, and one KV stream per sequence (``n_seq_max`` of them, each of ``n_ctx`` cells);
+        otherwise two sequences share one unified KV cache of ``n_ctx`` cells."""
         llama_cpp, self.abi = import_llama_cpp(abi_record)
         self.lib = llama_cpp
         _init_backend(llama_cpp, verbose)
@@ -192,6 +213,8 @@ class LlamaRuntime:
             )
         mparams = self.abi.model_default_params()
         mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        if invariant:
+            mparams.use_extra_bufts = False  # repacked weights (and AMX) take batch-shaped kernels
         self.model = self.abi.model_load_from_file(str(path).encode(), mparams)
         if not self.model:
             raise ModelLoadError(f"llama.cpp could not load {path} (not a GGUF, or unsupported architecture)")
@@ -200,13 +223,18 @@ class LlamaRuntime:
 
         cparams = self.abi.context_default_params()
         _check_struct_layout(cparams)
-        cparams.n_ctx = n_ctx
+        n_streams = n_seq_max if invariant else 1
+        cparams.n_ctx = n_ctx * n_streams  # llama.cpp gives each stream n_ctx / n_seq_max cells
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch  # one decode call = one compute graph: a fixed, known split
-        cparams.n_seq_max = 2
+        cparams.n_seq_max = n_seq_max if invariant else 2
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
-        cparams.kv_unified = True  # a seq copy shares cells instead of copying KV data
+        # fixed split: a seq copy shares cells instead of copying KV data; invariant: each sequence in a
+        # stream of its own, its cells where a lone sequence's would be (attention reduces in cell order)
+        cparams.kv_unified = not invariant
+        if invariant:  # flash attention's tiles follow the batch: off unless asked for (the probe judges)
+            cparams.flash_attn_type = 1 if flash_attention else 0  # LLAMA_FLASH_ATTN_TYPE_{ENABLED,DISABLED}
         cparams.swa_full = True  # no sliding-window pruning: the prefix stays intact for every branch
         cparams.embeddings = False
         cparams.no_perf = True
@@ -216,6 +244,8 @@ class LlamaRuntime:
             raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
         self.n_ctx = n_ctx
         self.n_batch = n_batch
+        self.invariant = invariant
+        self.n_seq_max = int(cparams.n_seq_max)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = self.abi.batch_init(n_batch, 0, 1)
         self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self.model))
@@ -297,14 +327,23 @@ class LlamaRuntime:
         caller still owns the sequence and must drop or reset it.
         """
         step = min(chunk_size, self.n_batch) if chunk_size > 0 else self.n_batch
+        with self._abortable(cancel):
+            for offset in range(0, len(tokens), step):
+                chunk = tokens[offset : offset + step]
+                last = offset + len(chunk) == len(tokens)
+                self._call([Part(chunk, start_pos + offset, seq, want_logits and last)], cancel)
+
+    @contextlib.contextmanager
+    def _abortable(self, cancel: Deadline | None) -> Iterator[None]:
+        """llama.cpp's abort callback reads ``cancel``'s flag for the calls made inside."""
         if cancel is None:
-            self._decode(tokens, start_pos, seq, want_logits, step, None)
+            yield
             return
         global _ACTIVE_CANCEL
         self._set_abort_flag(cancel.flag_address)
         _ACTIVE_CANCEL = cancel
         try:
-            self._decode(tokens, start_pos, seq, want_logits, step, cancel)
+            yield
         finally:
             _ACTIVE_CANCEL = None
             self._set_abort_flag(None)
@@ -319,40 +358,55 @@ class LlamaRuntime:
         callback = self.lib.ggml_abort_callback(_ABORT_READER_ADDRESS)
         self.lib.llama_set_abort_callback(self.ctx, callback, ctypes.c_void_p(address))
 
-    def _decode(
-        self,
-        tokens: Sequence[int],
-        start_pos: int,
-        seq: int,
-        want_logits: bool,
-        step: int,
-        cancel: Deadline | None,
-    ) -> None:
-        total = len(tokens)
-        for offset in range(0, total, step):
-            if cancel is not None:
-                cancel.check()
-            chunk = tokens[offset : offset + step]
-            batch = self.batch
-            n = len(chunk)
-            for i, token in enumerate(chunk):
+    def decode_parts(self, parts: Sequence[Part], cancel: Deadline | None = None) -> list[int]:
+        """Decode several sequences' tokens in ONE ``llama_decode`` call (at most ``n_batch`` tokens);
+        returns, per part that wants logits, the batch row of its last token (for :meth:`logits_at`).
+
+        llama.cpp splits the call into micro-batches itself (equal token counts per sequence when the KV
+        cache has a stream per sequence); the engine's planner decides which parts may share a call.
+        """
+        total = sum(len(p.tokens) for p in parts)
+        if not 0 < total <= self.n_batch:
+            raise EngineFailure(f"a shared decode call of {total} tokens (n_batch {self.n_batch})")
+        with self._abortable(cancel):
+            return self._call(parts, cancel)
+
+    def _call(self, parts: Sequence[Part], cancel: Deadline | None) -> list[int]:
+        """One ``llama_decode`` of ``parts`` (the token checked first); the rows that carry logits."""
+        if cancel is not None:
+            cancel.check()
+        batch = self.batch
+        rows: list[int] = []
+        i = 0
+        for part in parts:
+            for offset, token in enumerate(part.tokens):
                 batch.token[i] = token
-                batch.pos[i] = start_pos + offset + i
+                batch.pos[i] = part.start_pos + offset
                 batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = seq
+                batch.seq_id[i][0] = part.seq
                 batch.logits[i] = False
-            last_chunk = offset + n == total
-            if want_logits and last_chunk:
-                batch.logits[n - 1] = True
-            batch.n_tokens = n
-            started = time.perf_counter()
-            rc = self.abi.decode(self.ctx, batch)
-            if rc == DECODE_ABORTED and cancel is not None and cancel.cancelled:
-                raise cancel.error()
-            if rc != 0:
-                raise EngineFailure(f"llama_decode failed with code {rc} at position {start_pos + offset}")
-            if cancel is not None:
-                cancel.advance(n, time.perf_counter() - started)
+                i += 1
+            if part.want_logits:
+                batch.logits[i - 1] = True
+                rows.append(i - 1)
+        batch.n_tokens = i
+        started = time.perf_counter()
+        rc = self.abi.decode(self.ctx, batch)
+        if rc == DECODE_ABORTED and cancel is not None and cancel.cancelled:
+            raise cancel.error()
+        if rc != 0:
+            where = f" ({len(parts)} sequences)" if len(parts) > 1 else ""
+            raise EngineFailure(f"llama_decode failed with code {rc} at position {parts[0].start_pos}{where}")
+        if cancel is not None:
+            cancel.advance(i, time.perf_counter() - started)
+        return rows
+
+    def logits_at(self, row: int) -> np.ndarray:
+        """A zero-copy float32 view of the logits of batch row ``row`` of the last call."""
+        ptr = self.lib.llama_get_logits_ith(self.ctx, row)
+        if not ptr:
+            raise EngineFailure(f"llama.cpp returned no logits for batch row {row}")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def last_logits(self) -> np.ndarray:
         """A zero-copy float32 view of the last output position's logits (valid until the next decode)."""

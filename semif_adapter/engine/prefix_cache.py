@@ -36,6 +36,20 @@ from dataclasses import dataclass
 from semif_adapter.engine.chunking import Cuts, block_cuts, shared_cut
 
 
+def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """How many leading tokens ``a`` and ``b`` share (bisection over C-speed tuple comparisons)."""
+    lo, hi = 0, min(len(a), len(b))
+    if a[:hi] == b[:hi]:
+        return hi
+    while lo < hi:  # a[:lo] == b[:lo] and a[:hi + 1] != b[:hi + 1] hold throughout
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 @dataclass(frozen=True)
 class SavedPrefix:
     """One saved sequence state: the first ``len(tokens)`` prefix tokens, decoded in chunks ending at
@@ -71,6 +85,7 @@ class PrefixCache:
         partial_reuse: bool,
         partial_limit: int = 0,
         head: int = 0,
+        any_cut: bool = False,
     ) -> None:
         self.max_tokens = max_tokens
         self.max_bytes = max_bytes
@@ -82,6 +97,9 @@ class PrefixCache:
         # a sliding-window model saves only the window's last cells: a longer state cut short would
         # lack keys its next tokens attend to, so only states up to the window may be cut (0: any)
         self.partial_limit = partial_limit
+        # invariant numerics on attention memory: the split does not move a number, so a state is
+        # reusable up to the longest token prefix it shares with the request, at any token
+        self.any_cut = any_cut and partial_reuse and partial_limit == 0
         self._entries: OrderedDict[tuple[int, ...], SavedPrefix] = OrderedDict()
         self._pinned: SavedPrefix | None = None
         self._tokens = 0
@@ -118,7 +136,10 @@ class PrefixCache:
         best_reuse = 0
         candidates = [*self._entries.values(), *([self._pinned] if self._pinned else [])]
         for entry in candidates:
-            reuse = shared_cut(entry.tokens, self._cuts(entry), prefix, prefix_cuts)
+            if self.any_cut:
+                reuse = common_prefix(entry.tokens, prefix)
+            else:
+                reuse = shared_cut(entry.tokens, self._cuts(entry), prefix, prefix_cuts)
             if not (reuse == len(entry.tokens) or self._cuttable(len(entry.tokens))):
                 continue
             if reuse > best_reuse:

@@ -1,0 +1,272 @@
+"""Which numerics the engine runs, proven at load: batch-invariant kernels, or the fixed split.
+
+llama.cpp's numbers for a token depend on how the tokens around it were grouped into calls, unless the
+kernels it picks are the same whatever the grouping. On CPU they are, in one configuration: weight
+repacking off (``use_extra_bufts``: repacked weights and AMX take batch-shaped kernels), flash attention
+off (its tiles follow the batch), and one KV stream per sequence (``kv_unified = false``: a sequence's
+cells sit where they would if it were alone, and attention reduces them in cell order), with one rule the
+planner keeps (``calls``: no sequence ever gets a single-token piece of a micro-batch). Nothing promises
+this for another backend (CUDA picks kernels by batch size), another CPU build (ARM i8mm) or another
+model (a recurrent layer that computes in token chunks), so it is not assumed: :func:`probe` decodes one
+prompt several ways on the library and model actually loaded and compares the logits bit for bit.
+
+* **invariant**: every way agreed. Decisions of a request share one call, a prefix tail is decoded
+  with the suffix after it, and any token boundary is a valid place to reuse a saved state.
+* **fixed-split**: some way differed (the reason names it). Every prompt is decoded in the same chunks,
+  each decision's suffix in a call of its own, which keeps answers bit-identical at some cost in speed.
+
+The verdict is kept per library build, model file and configuration (``VerdictCache``), so a restart
+of the same image on the same model skips the probe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from semif_adapter.engine.calls import PIECE_CANDIDATES, pieces, shares_safely
+from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime, Part
+
+log = logging.getLogger(__name__)
+
+INVARIANT = "invariant"
+FIXED_SPLIT = "fixed-split"
+#: Bumped whenever the probe's cases change, so a cached verdict of an older probe is not reused.
+PROBE_VERSION = 4
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the probe found: ``mode`` and why, with each case's largest logit difference."""
+
+    mode: str
+    reason: str
+    checks: dict[str, float] = field(default_factory=dict)
+    #: the shortest piece of a sequence a micro-batch may hold (``calls``); 0 when none was proven
+    min_piece: int = 0
+    #: whether a single-token piece moved the logits (informative: why ``calls`` forbids short pieces)
+    single_token_piece_moves: bool | None = None
+    cached: bool = False
+
+    @property
+    def invariant(self) -> bool:
+        return self.mode == INVARIANT
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("cached")
+        return data
+
+
+def _gap(a: np.ndarray, b: np.ndarray) -> float:
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("inf")
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+class _Decoder:
+    """The probe's decoding moves on one runtime: sequence 0 holds the prefix, branches are copies."""
+
+    def __init__(self, runtime: LlamaRuntime, prefix: Sequence[int], tail: int) -> None:
+        self.runtime = runtime
+        self.prefix = list(prefix)
+        self.tail_at = len(self.prefix) - tail
+        runtime.clear(wipe=False)
+        runtime.decode_parts([Part(self.prefix[: self.tail_at], 0, PREFIX_SEQ, False)])
+        self.head_state = runtime.save_seq(PREFIX_SEQ)  # the prefix but its tail, decoded once
+
+    def tail(self, size: int, min_piece: int, suffix: Sequence[int] = ()) -> list[np.ndarray]:
+        """Sequence 0 holds the whole prefix again, its tail decoded in calls of ``size`` tokens; with
+        ``suffix``, the tail's last call carries it too (its logits are returned)."""
+        runtime, at = self.runtime, self.tail_at
+        runtime.restore_seq(PREFIX_SEQ, self.head_state)
+        spans = pieces(at, len(self.prefix), size, min_piece)
+        for a, b in spans[:-1]:
+            runtime.decode_parts([Part(self.prefix[a:b], a, PREFIX_SEQ, False)])
+        a, b = spans[-1]
+        rows = runtime.decode_parts([Part([*self.prefix[a:b], *suffix], a, PREFIX_SEQ, bool(suffix))])
+        return [runtime.logits_at(r).copy() for r in rows]
+
+    def branches(
+        self, suffixes: Sequence[Sequence[int]], first_seq: int = 1, split: int = 0
+    ) -> list[np.ndarray]:
+        """Each suffix on its own copy of the prefix, all in ONE call (``split``: a lone suffix's last
+        ``split`` tokens in a second call); the last position's logits each."""
+        runtime, start = self.runtime, len(self.prefix)
+        seqs = range(first_seq, first_seq + len(suffixes))
+        for seq in seqs:
+            runtime.fork(PREFIX_SEQ, seq)
+        try:
+            if split:
+                (suffix,), (seq,) = suffixes, seqs
+                head = list(suffix[:-split])
+                runtime.decode_parts([Part(head, start, seq, False)])
+                rows = runtime.decode_parts([Part(suffix[-split:], start + len(head), seq)])
+            else:
+                rows = runtime.decode_parts([Part(s, start, q) for s, q in zip(suffixes, seqs, strict=True)])
+            return [runtime.logits_at(r).copy() for r in rows]
+        finally:
+            for seq in seqs:
+                runtime.drop(seq)
+
+
+#: Prefix tokens the probe decodes again in other calls (the rest is decoded once).
+PROBE_TAIL = 48
+
+
+def probe(runtime: LlamaRuntime, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]) -> Verdict:
+    """Decode ``prefix`` and ``suffixes`` several ways on an invariant-configured ``runtime``; invariant
+    only when all agree bit for bit.
+
+    Reference: the prefix in two calls (its last ``PROBE_TAIL`` tokens in the second), each suffix alone
+    on a copy. First the shortest safe piece: a suffix with its last k tokens in a call of their own, for k
+    around each candidate (``calls``). Then, with pieces at least that long: suffixes whose lengths are
+    that far apart in one shared call, shortest and longest first; a suffix in the last stream; the
+    prefix's tail in calls of 2 × min_piece; the prefix's tail in the suffix's own call.
+    """
+    if not runtime.invariant:
+        return Verdict(FIXED_SPLIT, "the context is not in the invariant configuration")
+    n_branches = runtime.n_seq_max - 1
+    if n_branches < 2:
+        return Verdict(FIXED_SPLIT, "the probe needs two branch streams (SEMIF_BATCH_SEQUENCES >= 2)")
+    if len(prefix) < 2 * PROBE_TAIL:
+        raise ValueError(f"the probe's prefix needs {2 * PROBE_TAIL} tokens or more")
+    ordered = sorted((list(s) for s in suffixes), key=len)
+    checks: dict[str, float] = {}
+    min_piece = 0
+    single: bool | None = None
+    try:
+        decoder = _Decoder(runtime, prefix, PROBE_TAIL)
+        decoder.tail(runtime.n_batch, 1)
+        alone: dict[int, np.ndarray] = {}
+
+        def reference(index: int) -> np.ndarray:
+            if index not in alone:
+                alone[index] = decoder.branches([ordered[index]])[0]
+            return alone[index]
+
+        for candidate in PIECE_CANDIDATES:
+            index = next((i for i, s in enumerate(ordered) if len(s) >= 3 * candidate), None)
+            if index is None:
+                break
+            if single is None:
+                single = _gap(decoder.branches([ordered[index]], split=1)[0], reference(index)) != 0.0
+            gaps = [
+                _gap(decoder.branches([ordered[index]], split=k)[0], reference(index))
+                for k in _lengths(candidate)
+            ]
+            checks[f"pieces of {candidate}+ tokens"] = max(gaps)
+            if all(gap == 0.0 for gap in gaps):
+                min_piece = candidate
+                break
+        if not min_piece:
+            return _judged(checks, 0, single)
+        use: list[int] = []  # suffixes that may share a call: lengths min_piece apart
+        for i, suffix in enumerate(ordered):
+            if len(use) < min(3, n_branches) and (
+                not use or len(suffix) >= len(ordered[use[-1]]) + min_piece
+            ):
+                use.append(i)
+        if len(use) < 2 or not shares_safely([len(ordered[i]) for i in use], runtime.n_batch, min_piece):
+            raise ValueError("the probe's suffixes cannot share one call safely")
+        together = decoder.branches([ordered[i] for i in use])
+        checks["suffixes in one call"] = max(
+            _gap(a, reference(i)) for a, i in zip(together, use, strict=True)
+        )
+        backwards = decoder.branches([ordered[i] for i in use[::-1]])[::-1]
+        checks["suffixes in one call, longest first"] = max(
+            _gap(a, reference(i)) for a, i in zip(backwards, use, strict=True)
+        )
+        first = use[0]
+        checks["a suffix in the last stream"] = _gap(
+            decoder.branches([ordered[first]], n_branches)[0], reference(first)
+        )
+        decoder.tail(2 * min_piece, min_piece)
+        checks[f"prefix tail in {2 * min_piece}-token calls"] = _gap(
+            decoder.branches([ordered[first]])[0], reference(first)
+        )
+        merged = decoder.tail(runtime.n_batch, min_piece, ordered[first])[0]
+        checks["prefix tail in the suffix's call"] = _gap(merged, reference(first))
+    finally:
+        runtime.clear(wipe=True)
+    return _judged(checks, min_piece, single)
+
+
+def _lengths(candidate: int) -> tuple[int, ...]:
+    """Piece lengths that stand for "``candidate`` tokens or more" (a kernel may switch at any of them);
+    the suffix they split is ``3 * candidate`` tokens or more, so the piece before is as long."""
+    return (candidate, candidate + 3, 2 * candidate - 1)
+
+
+def _judged(checks: dict[str, float], min_piece: int, single: bool | None) -> Verdict:
+    moved = {name: gap for name, gap in checks.items() if gap != 0.0}
+    if not min_piece:
+        reason = f"every piece length tried moved the logits (up to {max(moved.values()):.3g})"
+        return Verdict(FIXED_SPLIT, reason, checks, 0, single)
+    moved = {n: g for n, g in moved.items() if not n.startswith("pieces of ")}  # the candidates refused
+    if moved:
+        worst = max(moved.values())
+        reason = f"logits moved (max |Δ| {worst:.3g}) with: " + "; ".join(moved)
+        return Verdict(FIXED_SPLIT, reason, checks, min_piece, single)
+    reason = (
+        f"{len(checks)} ways of decoding the probe gave bit-identical logits (pieces of {min_piece}+ tokens)"
+    )
+    return Verdict(INVARIANT, reason, checks, min_piece, single)
+
+
+class VerdictCache:
+    """Probe verdicts on disk, keyed by the library build, the model file and the configuration."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+
+    @classmethod
+    def default(cls) -> VerdictCache:
+        base = os.environ.get("XDG_CACHE_HOME")
+        if not base:
+            try:
+                base = str(Path.home() / ".cache")
+            except RuntimeError:  # no home (a container user without a passwd entry): probe every start
+                return cls(None)
+        return cls(Path(base) / "semif-adapter" / "numerics")
+
+    @staticmethod
+    def key(library: Path | None, gguf: Path, config: dict[str, Any]) -> str:
+        """Changes with the library file, the model file (size and modification time: hashing a 4 GB
+        GGUF at every start would cost more than the probe) and every setting the kernels depend on."""
+        parts: dict[str, Any] = {"probe": PROBE_VERSION, "config": config}
+        for name, path in (("library", library), ("model", gguf)):
+            if path is not None and path.is_file():
+                stat = path.stat()
+                parts[name] = [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
+            else:
+                parts[name] = None
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+    def get(self, key: str) -> Verdict | None:
+        if self.folder is None:
+            return None
+        try:
+            data = json.loads((self.folder / f"{key}.json").read_text(encoding="utf-8"))
+            return Verdict(**data, cached=True)
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def put(self, key: str, verdict: Verdict) -> None:
+        if self.folder is None:
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp = self.folder / f".{key}.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(verdict.to_json()), encoding="utf-8")
+            tmp.replace(self.folder / f"{key}.json")
+        except OSError as exc:  # a read-only home (a locked-down container) only costs the next start a probe
+            log.info("numerics verdict not cached (%s)", exc)

@@ -1,0 +1,187 @@
+"""Numerics: the call planner's rules, the probe at load, and bit-identical answers in both modes.
+
+The planner (``calls``) is checked against llama.cpp's own split rule; the probe on the real models and
+the random hybrid and recurrent fixtures (which mode each gets is printed with ``-s`` and asserted to
+follow from what the probe measured); a configuration that is not invariant (flash attention on the CPU)
+must fall back to the fixed split, or refuse to start when invariance is demanded. Then the answers:
+a request of more decisions than one call holds, with suffix lengths close enough that they cannot all
+share a call, gives every decision exactly what it gives alone, in any order, cache on or off; and the
+fixed split keeps its own guarantees.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from semif_adapter.engine import DecisionEngine
+from semif_adapter.engine.calls import equal_split, group_calls, pieces, shares_safely
+from semif_adapter.engine.numerics import FIXED_SPLIT, INVARIANT
+from semif_adapter.errors import ModelLoadError
+from tests.helpers.support import engine_settings
+
+STATE = "Order 1182 was charged twice; the customer wants one charge refunded and the order kept."
+OPTION_SETS = [
+    ["refund", "keep"],
+    ["refund", "keep", "escalate"],
+    ["billing", "support", "fraud", "sales"],
+    ["yes", "no"],
+    ["now", "today", "this week", "later", "never"],
+    ["a", "b", "c"],
+    ["low", "medium", "high"],
+    ["email", "phone"],
+    ["agent", "bot", "manager", "nobody", "team lead", "billing lead"],
+]
+
+
+def decisions(state: object = STATE) -> list[dict]:
+    """Nine decisions (more than one call holds by default), several with suffixes a token or two apart."""
+    return [
+        {
+            "id": f"d{i}",
+            "state": state,
+            "question": ("What now?", "Which team?", "How soon should we act?")[i % 3],
+            "options": [{"id": o} for o in options],
+        }
+        for i, options in enumerate(OPTION_SETS)
+    ]
+
+
+# --- the planner, against llama.cpp's split rule (no model) ---------------------------------------------
+def test_equal_split_models_llama_cpp():
+    # lockstep while every sequence in the chain has tokens; 22/23/23/23 leaves three one-token pieces
+    assert equal_split([22, 23, 23, 23], 512) == [[22, 22, 22, 22], [0, 1, 1, 1]]
+    # the micro-batch holds n_ubatch tokens at most: 8 sequences of 70 get 64 each, then 6
+    assert equal_split([70] * 8, 512) == [[64] * 8, [6] * 8]
+    # a finished sequence breaks the chain (sequential ids only)
+    assert equal_split([10, 4, 10], 512) == [[4, 4, 4], [6, 0, 0], [0, 0, 6]]
+
+
+def test_pieces_never_leave_a_short_remainder():
+    assert pieces(0, 1030, 512, 8) == [(0, 512), (512, 1022), (1022, 1030)]
+    assert pieces(0, 1025, 512, 8) == [(0, 512), (512, 1017), (1017, 1025)]
+    assert pieces(5, 12, 512, 8) == [(5, 12)]  # a run shorter than a piece stays whole
+
+
+@given(st.lists(st.integers(1, 200), min_size=1, max_size=12), st.sampled_from([8, 16]), st.integers(1, 6))
+def test_group_calls_cover_every_part_once_in_safe_calls(lengths: list[int], min_piece: int, width: int):
+    calls = group_calls(lengths, 512, min_piece, width)
+    assert sorted(i for call in calls for i in call) == list(range(len(lengths)))
+    for call in calls:
+        assert len(call) <= width
+        sizes = [lengths[i] for i in call]
+        assert sizes == sorted(sizes)
+        assert len(call) == 1 or shares_safely(sizes, 512, min_piece)
+
+
+@given(st.integers(0, 3000), st.integers(0, 3000), st.sampled_from([8, 16, 32]))
+def test_pieces_cover_the_run(a: int, b: int, min_piece: int):
+    start, end = min(a, b), max(a, b)
+    spans = pieces(start, end, 512, min_piece)
+    assert [x for span in spans for x in range(*span)] == list(range(start, end))
+    assert all(y - x <= 512 for x, y in spans)
+    assert len(spans) <= 1 or all(y - x >= min_piece for x, y in spans)
+
+
+# --- the probe ---------------------------------------------------------------------------------------------
+def test_the_mode_follows_from_what_the_probe_measured(engine: DecisionEngine):
+    verdict, info = engine.verdict, engine.model_info
+    print(f"\n{info.architecture}: {info.numerics} ({info.numerics_reason})")
+    assert info.numerics == verdict.mode and info.numerics_reason == verdict.reason
+    if verdict.mode == INVARIANT:
+        assert verdict.min_piece >= 1 and verdict.checks
+        proven = {n: g for n, g in verdict.checks.items() if not n.startswith("pieces of ")}
+        assert proven and all(gap == 0.0 for gap in proven.values())
+        assert info.batch_sequences == engine.runtime.n_seq_max - 1 >= 2
+    else:
+        assert info.batch_sequences == 1 and not engine.runtime.invariant
+
+
+@pytest.mark.parametrize("name", ["gemma", "qwen"])
+def test_the_real_models_run_invariant_on_this_cpu(request: pytest.FixtureRequest, name: str):
+    engine = request.getfixturevalue(f"{name}_engine")
+    assert engine.model_info.numerics == INVARIANT, engine.model_info.numerics_reason
+
+
+def test_a_configuration_that_is_not_invariant_falls_back_on_gemma(gemma_gguf: Path):
+    """Flash attention's CPU tiles follow the batch: the probe must see it and keep the fixed split."""
+    settings = engine_settings(n_ctx=1024, flash_attention=True, numerics_probe_cache=False)
+    engine = DecisionEngine.load(settings, gemma_gguf)
+    try:
+        assert engine.model_info.numerics == FIXED_SPLIT
+        assert "moved" in engine.model_info.numerics_reason
+        assert not engine.runtime.invariant and engine.model_info.batch_sequences == 1
+        assert engine.score(decisions()[:2]).results[0].probabilities  # and it serves
+    finally:
+        engine.close()
+    demanded = engine_settings(
+        n_ctx=1024, flash_attention=True, numerics="invariant", numerics_probe_cache=False
+    )
+    with pytest.raises(ModelLoadError, match=r"SEMIF_NUMERICS=invariant.*moved"):
+        DecisionEngine.load(demanded, gemma_gguf)
+
+
+def test_the_verdict_is_kept_per_library_and_model_gemma(gemma_gguf: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = DecisionEngine.load(engine_settings(n_ctx=1024), gemma_gguf)
+    first.close()
+    kept = list((tmp_path / "semif-adapter" / "numerics").glob("*.json"))
+    assert len(kept) == 1 and not first.verdict.cached
+    second = DecisionEngine.load(engine_settings(n_ctx=1024), gemma_gguf)
+    second.close()
+    assert second.verdict.cached and second.verdict.mode == first.verdict.mode
+    other = DecisionEngine.load(engine_settings(n_ctx=1024, batch_sequences=2), gemma_gguf)
+    other.close()
+    assert not other.verdict.cached  # another configuration is probed again
+
+
+# --- answers -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=["gemma", "qwen"])
+def fixed_engine(request: pytest.FixtureRequest) -> Iterator[DecisionEngine]:
+    gguf = request.getfixturevalue(f"{request.param}_gguf")
+    engine = DecisionEngine.load(engine_settings(numerics="fixed-split"), gguf)
+    yield engine
+    engine.close()
+
+
+def _answers(engine: DecisionEngine, batch: list[dict], *, cold: bool = True) -> dict[str, tuple]:
+    if cold:
+        engine.reset_prefix_cache()
+    return {r.id: (r.probabilities, r.option_logits) for r in engine.score(batch).results}
+
+
+def test_every_decision_of_a_large_request_answers_as_alone(engine: DecisionEngine):
+    batch = decisions()
+    alone = {d["id"]: _answers(engine, [d])[d["id"]] for d in batch}
+    assert _answers(engine, batch) == alone
+    shuffled = batch[:]
+    random.Random(5).shuffle(shuffled)
+    assert _answers(engine, shuffled) == alone
+    later = {d["id"] for d in batch[3:]}
+    assert _answers(engine, batch[3:], cold=False) == {k: v for k, v in alone.items() if k in later}
+    assert _answers(engine, list(reversed(batch)), cold=False) == alone  # the kept prefix
+
+
+def test_cache_off_equals_cache_on_with_a_grown_state(engine: DecisionEngine):
+    events = [{"t": i, "event": f"tool call {i} returned {i * 7} rows"} for i in range(12)]
+    off = DecisionEngine.load(engine_settings(prefix_cache_tokens=0), Path(engine.gguf_path))
+    try:
+        for turn in (8, 9, 12):
+            batch = decisions(events[:turn])[:3]
+            assert _answers(engine, batch, cold=False) == _answers(off, batch, cold=False)
+    finally:
+        off.close()
+
+
+def test_the_fixed_split_keeps_single_equal_to_shared(fixed_engine: DecisionEngine):
+    assert fixed_engine.model_info.numerics == FIXED_SPLIT
+    assert fixed_engine.model_info.numerics_reason == "SEMIF_NUMERICS=fixed-split"
+    batch = decisions()[:4]
+    alone = {d["id"]: _answers(fixed_engine, [d])[d["id"]] for d in batch}
+    assert _answers(fixed_engine, batch) == alone
+    assert _answers(fixed_engine, batch[::-1], cold=False) == alone
