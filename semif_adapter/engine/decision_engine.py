@@ -14,6 +14,12 @@ For a request of N decisions about one state:
 Because every decision sees the same split — prefix chunks, then its own suffix alone — a decision
 gives bit-identical probabilities alone, in a shared request, or next to any other decisions.
 Models whose memory cannot copy a sequence fall back to saving and restoring sequence 0's state.
+
+That is the **fixed split**. Where the probe at load proves llama.cpp's kernels batch-invariant on the
+library and model loaded (``numerics``), the engine runs **invariant** instead: the decisions of a
+request are decoded together, each on a copy of the prefix in a KV stream of its own, the prefix's tail
+in their call, and calls are planned so that no sequence gets a short piece (``calls``); the answers are
+then bit-identical however the tokens were grouped.
 """
 
 from __future__ import annotations
@@ -185,7 +191,6 @@ class DecisionEngine:
             partial_reuse=not (runtime.is_recurrent or runtime.is_hybrid),
             partial_limit=runtime.n_swa,
             head=self.head_cut,
-            any_cut=runtime.invariant,
         )
         # invariant numerics branch by sequence copy (one stream per decision); a probe decides both
         self.invariant = False
@@ -193,7 +198,7 @@ class DecisionEngine:
         self.verdict = verdict or self._prove_numerics()
         self.invariant = self.verdict.invariant and runtime.invariant
         self.min_piece = self.verdict.min_piece or 1
-        self.prefix_cache.any_cut = self.invariant and self.prefix_cache.any_cut
+        self.prefix_cache.reuse_at_any_token(self.invariant)
         self._pin_head()
         self.model_info = ModelInfo(
             name=name or gguf_path.name.removesuffix(".gguf"),

@@ -97,9 +97,8 @@ class PrefixCache:
         # a sliding-window model saves only the window's last cells: a longer state cut short would
         # lack keys its next tokens attend to, so only states up to the window may be cut (0: any)
         self.partial_limit = partial_limit
-        # invariant numerics on attention memory: the split does not move a number, so a state is
-        # reusable up to the longest token prefix it shares with the request, at any token
-        self.any_cut = any_cut and partial_reuse and partial_limit == 0
+        self.any_cut = False
+        self.reuse_at_any_token(any_cut)
         self._entries: OrderedDict[tuple[int, ...], SavedPrefix] = OrderedDict()
         self._pinned: SavedPrefix | None = None
         self._tokens = 0
@@ -107,6 +106,12 @@ class PrefixCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+
+    def reuse_at_any_token(self, on: bool) -> None:
+        """Invariant numerics on attention memory: the split does not move a number, so a state is
+        reusable up to the longest token prefix it shares with the request, at any token (memory that
+        cannot cut a state back, or a window shorter than the state, keeps the cut rule)."""
+        self.any_cut = on and self.partial_reuse and self.partial_limit == 0
 
     @property
     def enabled(self) -> bool:
