@@ -13,7 +13,7 @@ PIP := $(PY) -m pip
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen
 
-.PHONY: serve test test-fast test-image lint install install-test models bench bench-peer clean image-context sdists gpu-bundle
+.PHONY: serve test test-fast golden test-image lint install install-test models bench bench-peer clean image-context sdists gpu-bundle
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ lint: install-test
 
 test: models lint
 	$(PY) -m pytest -q
+
+# Score the fixed decisions of tests/golden/requests.json on both test models and both numerics modes,
+# print which answers moved and by how much, and rewrite tests/golden/answers.json (scripts/golden.py).
+golden: models
+	$(PY) -m scripts.golden
 
 # The unit layer alone: no model loaded, no server started, nothing slow (markers: pyproject.toml).
 test-fast: install-test

@@ -442,6 +442,7 @@ def bench_model(key: str, binary: Path, args: argparse.Namespace, logs: Path) ->
         served = ours_client.post("/invocations", {"decisions": [meta]})["results"][0]["model"]
         keys = ("numerics", "numerics_reason", "numerics_min_piece", "batch_sequences")
         result["ours_numerics"] = {k: served.get(k) for k in keys}
+        result["ours_scoring"] = served.get("scoring")
         for name, items in plan.items():
             us, them = Side("ours"), Side("llama-server")
             load_before = load_average()

@@ -60,6 +60,15 @@ class Metrics:
             ["mode", "min_piece", "batch_sequences"],
             registry=r,
         )
+        self.scoring = Gauge(
+            "semif_scoring_version",
+            "1 for the scoring version every result carries, with its parts (what fixes the numbers)",
+            ["version", "prompt", "split", "numerics", "llama_cpp", "model"],
+            registry=r,
+        )
+
+    def record_scoring(self, parts: dict[str, str]) -> None:
+        self.scoring.labels(**parts).set(1)
 
     def record_numerics(self, mode: str, min_piece: int, batch_sequences: int) -> None:
         self.numerics.labels(mode, str(min_piece), str(batch_sequences)).set(1)

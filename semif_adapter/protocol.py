@@ -97,10 +97,21 @@ class DecisionTiming(BaseModel):
     )
 
 
+class ScoringVersion(BaseModel):
+    """What fixes a result's numbers (``engine.scoring``): compare ``version``; the parts say what moved."""
+
+    version: str = Field(description="One value over the five parts: equal versions, equal numbers.")
+    prompt: str = Field(description="Prompt version and a hash of the rendered prompt text.")
+    split: str = Field(description="Split-rule revision and a hash of token ids, boundary and cuts.")
+    numerics: str = Field(description="fixed-split.b<call> or invariant.p<min piece>; the readout revision.")
+    llama_cpp: str = Field(description="llama.cpp commit, device and CPU kernel variant, feature hash.")
+    model: str = Field(description="The GGUF's sha256, first 16 hex digits.")
+
+
 class ModelInfo(BaseModel):
     name: str = Field(description="From model-manifest.json when present, else the GGUF file stem.")
     file: str
-    sha256: str | None
+    sha256: str = Field(description="GGUF sha256: from its manifest, a verified demo pin, or hashed at load.")
     architecture: str | None
     n_ctx: int
     n_threads: int
@@ -124,6 +135,7 @@ class ModelInfo(BaseModel):
     batch_sequences: int = Field(
         default=1, description="Decisions decoded together in one llama_decode call."
     )
+    scoring: ScoringVersion = Field(description="What fixes the numbers; results carry its ``version``.")
 
 
 class CalibrationApplied(BaseModel):
@@ -145,7 +157,14 @@ class DecisionResult(BaseModel):
     labels: list[str]
     prompt_sha256: str
     prompt_version: str
+    scoring_version: str = Field(
+        description="Equal values, equal numbers for the same decision: see model.scoring for its parts."
+    )
     calibration: CalibrationApplied | None = None
+    calibration_stale: bool = Field(
+        default=False,
+        description="The calibration was fitted under another scoring (SEMIF_STALE_CALIBRATION=mark).",
+    )
     timing: DecisionTiming
     model: ModelInfo
 

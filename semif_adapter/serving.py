@@ -99,6 +99,7 @@ class DecisionService:
         self.metrics.ready.set(1)
         info = self.engine.model_info
         self.metrics.record_numerics(info.numerics, info.numerics_min_piece, info.batch_sequences)
+        self.metrics.record_scoring(info.scoring.model_dump())
         log.info(
             "model ready",
             extra={
@@ -112,6 +113,8 @@ class DecisionService:
                 "numerics": info.numerics,
                 "numerics_reason": info.numerics_reason,
                 "batch_sequences": info.batch_sequences,
+                "scoring_version": info.scoring.version,
+                "scoring": info.scoring.model_dump(),
                 "load_seconds": round(time.perf_counter() - started, 3),
             },
         )

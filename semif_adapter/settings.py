@@ -87,6 +87,11 @@ class EngineSettings(BaseSettings):
     calibration_path: Path | None = Field(
         default=None, description="calibration.json; default: the one in the model directory, if any."
     )
+    stale_calibration: Literal["refuse", "mark"] = Field(
+        default="refuse",
+        description="A calibration fitted under another scoring version: refuse to start, or serve it "
+        "with every result marked calibration_stale.",
+    )
     llama_abi_record: Path | None = Field(
         default=None,
         description="llama-abi.json the image build verified; start-up refuses another libllama version.",

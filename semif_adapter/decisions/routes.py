@@ -60,8 +60,11 @@ def _service(request: Request) -> DecisionService:
 @router.get("/ping", summary="SageMaker health check: 200 once the model is loaded and warmed up")
 async def ping(request: Request) -> JSONResponse:
     service = _service(request)
-    if service.ready:
-        return JSONResponse({"status": "ready"})
+    info = service.model_info
+    if service.ready and info is not None:
+        return JSONResponse(
+            {"status": "ready", "model_sha256": info.sha256, "scoring_version": info.scoring.version}
+        )
     return JSONResponse(
         {"status": service.phase.value, "error": service.failure},
         status_code=503,

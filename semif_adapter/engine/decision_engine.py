@@ -28,6 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from itertools import pairwise
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from semif_adapter.engine import scoring
 from semif_adapter.engine.calls import group_calls, pieces
 from semif_adapter.engine.chunking import (
     Cuts,
@@ -69,6 +71,7 @@ from semif_adapter.errors import (
     TokenBudgetExceeded,
 )
 from semif_adapter.model.calibration import Calibration, apply_temperature, find_calibration
+from semif_adapter.model.identity import model_sha256
 from semif_adapter.model.manifest import verify_model_file
 from semif_adapter.protocol import (
     BatchResult,
@@ -78,6 +81,7 @@ from semif_adapter.protocol import (
     DecisionResult,
     DecisionTiming,
     ModelInfo,
+    ScoringVersion,
     check_shared_batch,
 )
 from semif_adapter.settings import EngineSettings
@@ -165,7 +169,7 @@ class DecisionEngine:
         self.runtime = runtime
         self.settings = settings
         self.gguf_path = gguf_path
-        self.sha256 = sha256
+        self.sha256 = sha256 or model_sha256(gguf_path)
         self.calibration = calibration
         specials = {"bos_token": runtime.piece(runtime.bos), "eos_token": runtime.piece(runtime.eos)}
         self.scaffold: Scaffold = build_scaffold(runtime.chat_template(), specials)
@@ -199,11 +203,13 @@ class DecisionEngine:
         self.invariant = self.verdict.invariant and runtime.invariant
         self.min_piece = self.verdict.min_piece or 1
         self.prefix_cache.reuse_at_any_token(self.invariant)
+        self.scoring = self._scoring_parts()
+        self.calibration_stale = self._check_calibration()
         self._pin_head()
         self.model_info = ModelInfo(
             name=name or gguf_path.name.removesuffix(".gguf"),
             file=gguf_path.name,
-            sha256=sha256,
+            sha256=self.sha256,
             architecture=runtime.meta("general.architecture"),
             n_ctx=runtime.n_ctx,
             n_threads=settings.n_threads,
@@ -217,6 +223,7 @@ class DecisionEngine:
             numerics_reason=self.verdict.reason,
             numerics_min_piece=self.verdict.min_piece if self.invariant else 0,
             batch_sequences=runtime.n_seq_max - 1 if self.invariant else 1,
+            scoring=ScoringVersion(**self.scoring.as_dict()),
         )
 
     @classmethod
@@ -232,42 +239,46 @@ class DecisionEngine:
                 sha256, name = verified.sha256, verified.manifest.name
         calibration_path = find_calibration(path.parent, settings.calibration_path)
         calibration = Calibration.load(calibration_path) if calibration_path else None
+        with ThreadPoolExecutor(1, thread_name_prefix="semif-sha256") as hashing:
+            # an unverified model is hashed beside the model load (hashlib lets go of the GIL)
+            identity = hashing.submit(model_sha256, Path(path)) if sha256 is None else None
 
-        def build(invariant: bool, verdict: Verdict | None) -> DecisionEngine:
-            runtime = LlamaRuntime(
-                path,
-                n_ctx=settings.n_ctx,
-                n_batch=settings.n_batch,
-                n_threads=settings.n_threads,
-                n_gpu_layers=settings.n_gpu_layers,
-                abi_record=settings.llama_abi_record,
-                invariant=invariant,
-                n_seq_max=1 + settings.batch_sequences,
-                flash_attention=settings.flash_attention,
-            )
-            try:
-                return cls(
-                    runtime, settings, gguf_path=path, sha256=sha256, name=name, calibration=calibration,
-                    verdict=verdict,
-                )  # fmt: skip
-            except BaseException:
-                runtime.close()
-                raise
+            def build(invariant: bool, verdict: Verdict | None) -> DecisionEngine:
+                runtime = LlamaRuntime(
+                    path,
+                    n_ctx=settings.n_ctx,
+                    n_batch=settings.n_batch,
+                    n_threads=settings.n_threads,
+                    n_gpu_layers=settings.n_gpu_layers,
+                    abi_record=settings.llama_abi_record,
+                    invariant=invariant,
+                    n_seq_max=1 + settings.batch_sequences,
+                    flash_attention=settings.flash_attention,
+                )
+                try:
+                    known = sha256 if identity is None else identity.result()
+                    return cls(
+                        runtime, settings, gguf_path=path, sha256=known, name=name, calibration=calibration,
+                        verdict=verdict,
+                    )  # fmt: skip
+                except BaseException:
+                    runtime.close()
+                    raise
 
-        if settings.numerics == FIXED_SPLIT:
-            return build(False, Verdict(FIXED_SPLIT, "SEMIF_NUMERICS=fixed-split"))
-        engine = build(True, None)
-        if engine.invariant:
-            return engine
-        found = engine.verdict
-        engine.close()
-        if settings.numerics == INVARIANT:
-            raise ModelLoadError(
-                f"SEMIF_NUMERICS=invariant, but the numerics probe failed on this library and model: "
-                f"{found.reason}; use SEMIF_NUMERICS=auto (falls back to the fixed split) or fixed-split"
-            )
-        log.warning("numerics: the fixed split (%s)", found.reason)
-        return build(False, found)
+            if settings.numerics == FIXED_SPLIT:
+                return build(False, Verdict(FIXED_SPLIT, "SEMIF_NUMERICS=fixed-split"))
+            engine = build(True, None)
+            if engine.invariant:
+                return engine
+            found = engine.verdict
+            engine.close()
+            if settings.numerics == INVARIANT:
+                raise ModelLoadError(
+                    f"SEMIF_NUMERICS=invariant, but the numerics probe failed on this library and model: "
+                    f"{found.reason}; use SEMIF_NUMERICS=auto (falls back to the fixed split) or fixed-split"
+                )
+            log.warning("numerics: the fixed split (%s)", found.reason)
+            return build(False, found)
 
     @property
     def max_options(self) -> int:
@@ -372,15 +383,20 @@ class DecisionEngine:
         check_shared_batch(parsed, self.settings.max_decisions, self.settings.max_options)
         return parsed
 
-    def _plan(self, decisions: list[Decision]) -> tuple[list[int], list[_Planned], Cuts]:
+    def _plan(
+        self, decisions: list[Decision], budget: bool = True
+    ) -> tuple[list[int], list[_Planned], Cuts]:
+        """Tokens, labels and cuts of a request; ``budget=False`` skips the context and token limits
+        (the scoring version's reference requests are planned whatever the context size)."""
         tokenize = self.runtime.tokenize
         state_text = decisions[0].state_text
         prefix_text = decision_text(self.scaffold, state_text, "", [])
-        self._refuse_oversized(prefix_text.prefix_user)
+        if budget:
+            self._refuse_oversized(prefix_text.prefix_user)
         user_tokens = tokenize(prefix_text.prefix_user, False)
         prefix_tokens = self._head_tokens + user_tokens
         n_prefix = len(prefix_tokens)
-        n_ctx = self.runtime.n_ctx
+        n_ctx = self.runtime.n_ctx if budget else math.inf
         if n_prefix >= n_ctx:
             raise TokenBudgetExceeded(
                 f"the state alone needs {n_prefix} tokens; the context holds {n_ctx}",
@@ -406,7 +422,7 @@ class DecisionEngine:
                 )
             total += len(suffix_tokens)
             planned.append(_Planned(decision, labels, label_ids, suffix_tokens))
-        if total > self.settings.max_request_tokens:
+        if budget and total > self.settings.max_request_tokens:
             raise TokenBudgetExceeded(
                 f"request needs {total} tokens (state once + every decision); "
                 f"the limit is {self.settings.max_request_tokens}",
@@ -644,7 +660,9 @@ class DecisionEngine:
                     labels=plan.labels,
                     prompt_sha256=hasher.hexdigest(plan.suffix_tokens),
                     prompt_version=PROMPT_VERSION,
+                    scoring_version=self.scoring.version,
                     calibration=applied,
+                    calibration_stale=self.calibration_stale,
                     timing=DecisionTiming(
                         # the prefill is charged to the first decision that needed it
                         total_seconds=(t_end - t_start) + (prefill_seconds if index == 0 else 0.0),
@@ -837,6 +855,78 @@ class DecisionEngine:
                 applied = CalibrationApplied(temperature=temperature, key=key)
         probabilities = apply_temperature(option_logits, temperature)
         return [float(p) for p in probabilities], applied
+
+    # --- what fixes the numbers -------------------------------------------------------------------
+    def _scoring_parts(self) -> scoring.ScoringParts:
+        """The scoring version's parts (``scoring``), derived from this engine's own rendering and
+        planning of the reference requests, its numerics and the library loaded."""
+        runtime = self.runtime
+        attention = (
+            ("fa-on" if self.settings.flash_attention else "fa-off") if self.invariant else "fa-auto"
+        )
+        return scoring.ScoringParts(
+            prompt=scoring.prompt_part(PROMPT_VERSION, self._reference_text),
+            split=scoring.split_part(self._reference_plan),
+            numerics=scoring.numerics_part(
+                INVARIANT if self.invariant else FIXED_SPLIT,
+                min_piece=self.min_piece,
+                n_batch=runtime.n_batch,
+                attention=attention,
+            ),
+            llama_cpp=scoring.llama_cpp_part(
+                runtime.build_commit(),
+                runtime.system_info(),
+                gpu_offload=runtime.gpu_offload and self.settings.n_gpu_layers != 0,
+            ),
+            model=scoring.model_part(self.sha256),
+        )
+
+    def _reference_text(self, request: Sequence[Mapping[str, Any]]) -> list[str]:
+        """The exact text a request renders to: the template around it, each decision's prompt."""
+        scaffold = self.scaffold
+        texts = [scaffold.head, scaffold.tail, scaffold.label_prefix]
+        for decision in self._parse(request):
+            labels = self.labels.take(len(decision.options))[0]
+            shown = [(label, o.shown_text) for label, o in zip(labels, decision.options, strict=True)]
+            text = decision_text(scaffold, decision.state_text, decision.question, shown)
+            texts.append(text.prefix_user + text.suffix_user)
+        return texts
+
+    def _reference_plan(self, request: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """What a request decodes: the prefix tokens and cuts, each suffix and its label tokens."""
+        prefix_tokens, planned, cuts = self._plan(self._parse(request), budget=False)
+        return {
+            "prefix": prefix_tokens,
+            "cuts": list(cuts),
+            "suffixes": [p.suffix_tokens for p in planned],
+            "labels": [p.label_ids for p in planned],
+        }
+
+    def _check_calibration(self) -> bool:
+        """A calibration belongs to the scoring it was fitted under; one fitted under another (or under
+        an unknown one) stops start-up, or with SEMIF_STALE_CALIBRATION=mark marks every result stale.
+        Returns whether the calibration is stale."""
+        calibration = self.calibration
+        if calibration is None:
+            return False
+        version = self.scoring.version
+        where = calibration.path or "calibration.json"
+        problem = None
+        if calibration.model_sha256 and calibration.model_sha256 != self.sha256:
+            problem = f"was fitted on model {calibration.model_sha256[:16]}…, this is {self.sha256[:16]}…"
+        elif calibration.scoring_version is None:
+            problem = "records no scoring_version (fitted before scoring versions existed)"
+        elif calibration.scoring_version != version:
+            problem = f"was fitted under scoring {calibration.scoring_version}; this server scores {version}"
+        if problem is None:
+            return False
+        if self.settings.stale_calibration == "mark":
+            log.warning("calibration %s %s; serving it marked calibration_stale", where, problem)
+            return True
+        raise ModelLoadError(
+            f"calibration {where} {problem}; refit it against this server (semif-adapter calibrate, "
+            "docs/benchmark.md; start it without the file or with SEMIF_STALE_CALIBRATION=mark)"
+        )
 
     # --- numerics probe -------------------------------------------------------------------------
     def _prove_numerics(self) -> Verdict:

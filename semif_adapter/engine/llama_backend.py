@@ -310,6 +310,20 @@ class LlamaRuntime:
         raw = self.lib.llama_model_chat_template(self.model, None)
         return raw.decode("utf-8") if raw else None
 
+    # --- the build ----------------------------------------------------------------------------
+    def build_commit(self) -> str | None:
+        """The llama.cpp commit the library reports (``ggml_commit``), None where it exports none."""
+        return binding.library_version(self.lib.llama_cpp._lib).commit
+
+    def system_info(self) -> str:
+        """``llama_print_system_info()``: the backends and the CPU features their kernels were built
+        with (the variant loaded, where the build carries several); "" where the library lacks it."""
+        try:
+            raw = self.lib.llama_print_system_info()
+        except binding.MissingSymbolError:
+            return ""
+        return raw.decode("utf-8", "replace") if raw else ""
+
     # --- decoding ---------------------------------------------------------------------------
     def decode(
         self,

@@ -164,6 +164,7 @@ def fit_calibration(
     min_fit: int = 10,
     min_held_out: int = 5,
     prompt_version: str | None = None,
+    scoring_version: str | None = None,
     model_sha256: str | None = None,
     source: dict[str, Any] | None = None,
 ) -> CalibrationFile:
@@ -198,6 +199,7 @@ def fit_calibration(
     return CalibrationFile(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         prompt_version=prompt_version,
+        scoring_version=scoring_version,
         model_sha256=model_sha256,
         temperatures=temperatures,
         fits=fits,

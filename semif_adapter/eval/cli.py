@@ -193,6 +193,11 @@ def configure_calibrate(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     fit.add_argument("--min-fit", type=int, default=10, help="fewest fit samples per key")
     fit.add_argument("--min-held-out", type=int, default=5, help="fewest held-out samples per key")
     fit.add_argument("--prompt-version", help="prompt version the logits were read with (default: from rows)")
+    fit.add_argument(
+        "--scoring-version",
+        help="scoring version the logits were read under (default: from rows, if they agree); the server "
+        "refuses a calibration fitted under another",
+    )
     fit.add_argument("--model-sha256", help="GGUF sha256 (default: from rows, if they agree)")
     fit.add_argument("--report-out", type=Path, help="also save the benchmark run (when tasks are given)")
     _add_target_args(parser)
@@ -242,6 +247,7 @@ def run_calibrate_command(ns: argparse.Namespace) -> int:
             min_fit=ns.min_fit,
             min_held_out=ns.min_held_out,
             prompt_version=ns.prompt_version or cal.single_value(r.prompt_version for r in rows),
+            scoring_version=ns.scoring_version or cal.single_value(r.scoring_version for r in rows),
             model_sha256=ns.model_sha256 or cal.single_value(r.model_sha256 for r in rows),
             source=source,
         )

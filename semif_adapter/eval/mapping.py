@@ -61,6 +61,7 @@ class Prediction:
     option_logits: list[float] | None = None
     calibration: dict[str, Any] | None = None
     prompt_version: str | None = None
+    scoring_version: str | None = None
     model_sha256: str | None = None
     reply: str | None = None
 
@@ -105,6 +106,7 @@ def parse_semif_response(task: Task, payload: Any) -> Prediction:
         option_logits=aligned_logits,
         calibration=result.get("calibration") if isinstance(result.get("calibration"), dict) else None,
         prompt_version=result.get("prompt_version"),
+        scoring_version=result.get("scoring_version"),
         model_sha256=model.get("sha256"),
     )
 
@@ -139,8 +141,10 @@ def parse_systemone_response(task: Task, payload: Any) -> Prediction:
         if all(isinstance(v, int | float) and math.isfinite(v) for v in values):
             logits = [float(v) for v in values]
     calibration = answer.get("x_calibration")
+    scoring_version = answer.get("x_scoring_version")
     return Prediction(
         probabilities=probs,
         option_logits=logits,
         calibration=calibration if isinstance(calibration, dict) else None,
+        scoring_version=scoring_version if isinstance(scoring_version, str) else None,
     )

@@ -40,6 +40,7 @@ class TaskRow(BaseModel):
     status: int | None = None
     calibration: dict[str, Any] | None = None
     prompt_version: str | None = None
+    scoring_version: str | None = None
     model_sha256: str | None = None
     reply: str | None = None
 
@@ -82,6 +83,7 @@ def make_row(
     row.latency_s = latency_s
     row.calibration = prediction.calibration
     row.prompt_version = prediction.prompt_version
+    row.scoring_version = prediction.scoring_version
     row.model_sha256 = prediction.model_sha256
     row.reply = prediction.reply
     return row

@@ -6,13 +6,14 @@ writes ``calibration.json``; the engine loads it here and reports ``softmax(logi
 raw ``option_logits`` stay untouched. The writer (``semif_adapter.eval.calibrate``) and this reader
 share :class:`CalibrationFile`, so the two cannot drift apart.
 
-Schema (version 1)::
+Schema (version 2; version 1 files, without ``scoring_version``, still load)::
 
     {
-      "version": 1,
+      "version": 2,
       "method": "temperature",
       "created_at": "2026-01-01T00:00:00+00:00",
       "prompt_version": "v1" | null,     # prompt the logits were read with
+      "scoring_version": "sv1-…" | null, # scoring the logits were read under (``engine.scoring``)
       "model_sha256": "<hex>" | null,    # GGUF the fit belongs to, if known
       "temperatures": {"choice": 1.4, "choice/4": 1.2, "noul": 0.9},   # accepted fits only
       "fits": {"<key>": {...}},          # per key: fit/held-out metrics, accepted or not (free form)
@@ -22,6 +23,10 @@ Schema (version 1)::
 
 A key is a question type (``choice``, ``noul``, ``score``) or ``type/n_options`` (``choice/4``);
 the most specific key wins.
+
+A temperature fitted on one scoring's logits does not fit another's, so the engine refuses a file whose
+``scoring_version`` is not the one it serves under (or that records none), unless told to serve it marked
+stale (``SEMIF_STALE_CALIBRATION=mark``).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from semif_adapter.errors import ModelLoadError
 
-CALIBRATION_VERSION: Literal[1] = 1
+CALIBRATION_VERSION: Literal[2] = 2
 CALIBRATION_FILENAME = "calibration.json"
 QUESTION_TYPES = ("choice", "noul", "score")
 _KEY_RE = re.compile(r"^(choice|noul|score)(?:/([1-9][0-9]*))?$")
@@ -58,10 +63,11 @@ class CalibrationFile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: Literal[1] = CALIBRATION_VERSION
+    version: Literal[1, 2] = CALIBRATION_VERSION
     method: Literal["temperature"] = "temperature"
     created_at: str | None = None
     prompt_version: str | None = None
+    scoring_version: str | None = None
     model_sha256: str | None = None
     temperatures: dict[str, float] = Field(default_factory=dict)
     fits: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -121,6 +127,10 @@ class Calibration:
     @property
     def model_sha256(self) -> str | None:
         return self.data.model_sha256
+
+    @property
+    def scoring_version(self) -> str | None:
+        return self.data.scoring_version
 
     def temperature_for(self, question_type: str, n_options: int) -> tuple[float, str] | None:
         """``(T, key)`` for a decision, preferring ``type/n_options`` over ``type``; None if uncalibrated."""

@@ -82,6 +82,7 @@ def _extras(keys: Sequence[str], logits: Sequence[float], result: DecisionResult
         extras["x_option_logits"] = {k: float(x) for k, x in zip(keys, logits, strict=True)}
     if math.isfinite(result.allowed_token_mass):
         extras["x_allowed_token_mass"] = _clamp01(float(result.allowed_token_mass))
+    extras["x_scoring_version"] = result.scoring_version
     return extras
 
 

@@ -102,6 +102,9 @@ class _Extras(BaseModel):
     x_allowed_token_mass: float | None = Field(
         default=None, description="Full-vocabulary probability mass on the option labels (0-1)."
     )
+    x_scoring_version: str | None = Field(
+        default=None, description="What fixes the numbers: equal versions, equal answers (see /invocations)."
+    )
 
 
 class NoulAnswer(_Extras):

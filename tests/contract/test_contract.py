@@ -111,6 +111,35 @@ def test_jsonlines_batch_transform(http: httpx.Client) -> None:
     assert [row["id"] for row in rows] == ["route", "other-state", "severity"]
 
 
+def test_every_answer_names_its_scoring_version_and_model(http: httpx.Client) -> None:
+    """The same scoring version and model sha256 on /ping, every result (single, shared, JSON Lines), the
+    System One answer and /metrics; the sha256 is a real hash, never null, in the container too."""
+    ping = http.get("/ping").json()
+    version, sha256 = ping["scoring_version"], ping["model_sha256"]
+    assert version.startswith("sv1-") and len(sha256) == 64 and int(sha256, 16) >= 0
+    single = http.post("/invocations", json={"decision": ROUTING}).json()["result"]
+    shared = http.post("/invocations", json={"decisions": [ROUTING, SEVERITY]}).json()["results"]
+    lines = http.post(
+        "/invocations",
+        content=json.dumps(SEVERITY) + "\n",
+        headers={"Content-Type": "application/jsonlines", "Accept": "application/jsonlines"},
+    ).text.splitlines()
+    results = [single, *shared, *(json.loads(line) for line in lines)]
+    assert {r["scoring_version"] for r in results} == {version}
+    assert {r["model"]["sha256"] for r in results} == {sha256}
+    assert {r["model"]["scoring"]["version"] for r in results} == {version}
+    assert single["model"]["scoring"]["model"] == sha256[:16]
+    question = {"type": "noul", "instructions": "Is the charge a duplicate?"}
+    answer = http.post(
+        "/v1/systemone",
+        json={"model": "jev-latest", "state": ROUTING["state"], "questions": {"dup": question}},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["answers"]["dup"]["x_scoring_version"] == version
+    metrics = http.get("/metrics").text
+    assert "semif_scoring_version{" in metrics and f'version="{version}"' in metrics
+
+
 @pytest.mark.parametrize(
     ("method", "path", "kwargs", "status", "kind"),
     [

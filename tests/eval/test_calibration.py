@@ -40,7 +40,7 @@ def test_load_and_most_specific_key_wins(tmp_path: Path) -> None:
     [
         ("{not json", "not readable JSON"),
         ("[1, 2]", "JSON object"),
-        ({"version": 2, "temperatures": {}}, "version"),
+        ({"version": 3, "temperatures": {}}, "version"),
         ({"version": 1, "temperatures": {"choice": -1.0}}, "finite number > 0"),
         ({"version": 1, "temperatures": {"choice": 0}}, "finite number > 0"),
         ({"version": 1, "temperatures": {"choice": "hot"}}, "temperatures"),

@@ -30,12 +30,21 @@ MODEL_DIR_TEMPERATURES = {"choice": 2.5, "score": 1.7, "score/5": 0.6}
 ENV_TEMPERATURES = {"choice": 0.4}
 
 
-def _calibration_bytes(temperatures: dict[str, float], tmp_path: Path, name: str) -> bytes:
-    path = write_calibration(
-        CalibrationFile(temperatures=temperatures, prompt_version=None, source={"test": name}),
-        tmp_path / f"{name}.json",
+def _calibration_bytes(
+    temperatures: dict[str, float], tmp_path: Path, name: str, scoring_version: str
+) -> bytes:
+    calibration = CalibrationFile(
+        temperatures=temperatures, prompt_version=None, scoring_version=scoring_version, source={"test": name}
     )
-    return path.read_bytes()
+    return write_calibration(calibration, tmp_path / f"{name}.json").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def scoring_version(live_server: LiveServer) -> str:
+    """The scoring the uncalibrated server (same model, same settings) answers under."""
+    ping = httpx.get(live_server.url + "/ping", timeout=10).json()
+    version: str = ping["scoring_version"]
+    return version
 
 
 def _softmax(logits: list[float], t: float) -> np.ndarray:
@@ -66,9 +75,11 @@ def tasks() -> list[Task]:
 
 
 @pytest.fixture(scope="module")
-def calibrated_model_dir(gemma_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def calibrated_model_dir(
+    gemma_gguf: Path, tmp_path_factory: pytest.TempPathFactory, scoring_version: str
+) -> Path:
     root = tmp_path_factory.mktemp("calibrated")
-    data = _calibration_bytes(MODEL_DIR_TEMPERATURES, root, "model-dir")
+    data = _calibration_bytes(MODEL_DIR_TEMPERATURES, root, "model-dir", scoring_version)
     model_dir = make_model_dir(root, gemma_gguf, extra_files={"calibration.json": data})
     assert (model_dir / "calibration.json").read_bytes() == data
     return model_dir
@@ -128,10 +139,11 @@ def test_semif_calibration_path_wins_over_the_model_dir(
     live_server: LiveServer,
     tasks: list[Task],
     tmp_path: Path,
+    scoring_version: str,
 ) -> None:
     explicit = tmp_path / "elsewhere" / "my-calibration.json"
     explicit.parent.mkdir()
-    explicit.write_bytes(_calibration_bytes(ENV_TEMPERATURES, tmp_path, "env"))
+    explicit.write_bytes(_calibration_bytes(ENV_TEMPERATURES, tmp_path, "env", scoring_version))
     server = server_factory(calibrated_model_dir, {"SEMIF_CALIBRATION_PATH": str(explicit)})
     _check_calibrated(server, live_server, tasks, ENV_TEMPERATURES)
 
@@ -153,6 +165,17 @@ def test_malformed_calibration_in_the_model_dir_stops_start_up(
     server = server_factory(model_dir, wait_ready=False)
     _assert_start_up_fails(
         server, str(model_dir / "calibration.json"), "malformed", "'choice' must be a finite number > 0"
+    )
+
+
+def test_a_calibration_fitted_under_another_scoring_stops_start_up(
+    gemma_gguf: Path, server_factory: ServerFactory, tmp_path: Path
+) -> None:
+    data = _calibration_bytes({"choice": 1.5}, tmp_path, "old", "sv1-0123456789ab")
+    model_dir = make_model_dir(tmp_path, gemma_gguf, extra_files={"calibration.json": data})
+    server = server_factory(model_dir, wait_ready=False)
+    _assert_start_up_fails(
+        server, "was fitted under scoring sv1-0123456789ab", "refit", "SEMIF_STALE_CALIBRATION"
     )
 
 

@@ -74,7 +74,7 @@ def fake_model_info(**overrides: object) -> ModelInfo:
     values: dict[str, object] = {
         "name": "fake",
         "file": "fake.gguf",
-        "sha256": None,
+        "sha256": "0" * 64,
         "architecture": "fake",
         "n_ctx": 512,
         "n_threads": 1,
@@ -84,6 +84,14 @@ def fake_model_info(**overrides: object) -> ModelInfo:
         "chat_template": False,
         "llama_cpp_python_version": "0",
         "fork_mode": "copy",
+        "scoring": {
+            "version": "sv1-000000000000",
+            "prompt": "test",
+            "split": "test",
+            "numerics": "test",
+            "llama_cpp": "test",
+            "model": "0" * 16,
+        },
     }
     values.update(overrides)
     return ModelInfo.model_validate(values)
@@ -110,6 +118,7 @@ def stand_in_result(
         labels=[chr(65 + i % 26) for i in range(n)],
         prompt_sha256="0" * 64,
         prompt_version="test",
+        scoring_version="sv1-000000000000",
         timing=DecisionTiming(
             total_seconds=0.0,
             prefill_seconds=0.0,

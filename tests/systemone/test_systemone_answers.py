@@ -102,6 +102,7 @@ def test_noul_answer_properties(p_no, p_yes, yes_first):
         "noul",
         "x_option_logits",
         "x_allowed_token_mass",
+        "x_scoring_version",
     }
     parsed = sdk_parse({"n": answer}).nouls["n"]
     assert isinstance(parsed, SdkNoul) and parsed.noul == answer.noul
