@@ -1,1 +1,2 @@
-"""Operator scripts (packaging, image builds, SageMaker deployment). Each module has ``main(argv) -> int``."""
+"""Developer scripts run from the repository: the GPU check (``gpu_bundle``, ``gpu_check.sh``,
+``gpu_report``) and the golden answers (``golden``, ``make golden``). Operator tools live in ``semif_ops``."""

@@ -16,10 +16,10 @@ from fastapi import FastAPI
 from semif_adapter import __version__
 from semif_adapter.decisions.routes import openapi_schema
 from semif_adapter.decisions.routes import router as decision_router
-from semif_adapter.error_handlers import install_error_handlers, renderer_for
+from semif_adapter.http.error_handlers import install_error_handlers, renderer_for
 from semif_adapter.http.framing import AmbiguousFramingGuard
+from semif_adapter.http.middleware import observe
 from semif_adapter.metrics import Metrics
-from semif_adapter.middleware import observe
 from semif_adapter.serving import DecisionService, Engine
 from semif_adapter.settings import Settings
 from semif_adapter.systemone.routes import router as systemone_router

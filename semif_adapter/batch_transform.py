@@ -2,7 +2,7 @@
 
 SageMaker tells a transform job's container its limits through ``SAGEMAKER_BATCH``,
 ``SAGEMAKER_MAX_PAYLOAD_IN_MB`` and ``SAGEMAKER_MAX_CONCURRENT_TRANSFORMS``. A job made by any tool
-(not only ``scripts/batch_transform.py``) may send larger bodies than ``SEMIF_MAX_BODY_BYTES`` or more
+(not only ``semif-ops endpoint batch``) may send larger bodies than ``SEMIF_MAX_BODY_BYTES`` or more
 requests at once than one model context and ``SEMIF_MAX_QUEUE`` admit: every such request would fail
 with 413 or 503 deep into the job. A limit left at its default is raised to what the job sends; one
 set explicitly (``SEMIF_*``) is the operator's word, so a conflict stops start-up instead.

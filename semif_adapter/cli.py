@@ -170,12 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_models = sub.add_parser("demo-models", help="assemble the embedded demo/test GGUFs")
     p_models.add_argument("rest", nargs=argparse.REMAINDER)
     p_models.set_defaults(func=demo_models)
-    try:
-        from semif_adapter.eval.cli import add_parser as add_eval_subcommands
-    except ImportError:  # pragma: no cover - eval extras not installed
-        pass
-    else:
-        add_eval_subcommands(sub)
+    from semif_adapter.eval.cli import add_parser as add_eval_subcommands  # stdlib at import; the rest lazily
+
+    add_eval_subcommands(sub)
     return parser
 
 

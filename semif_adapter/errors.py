@@ -21,7 +21,6 @@ class SemifError(Exception):
     retryable = False
     close_connection = False  # answer, then close: the rest of the stream cannot be trusted
     extra: Mapping[str, Any] = MappingProxyType({})  # more wire fields, e.g. a deadline's token counts
-    group: int | None = None  # the same-state group of a JSON Lines body it arose in, to name the line
 
     def __init__(self, message: str, *, loc: Sequence[str | int] = ()) -> None:
         super().__init__(message)

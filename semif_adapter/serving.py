@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from semif_adapter import request_scope
+from semif_adapter.admission import Admission
 from semif_adapter.engine.deadline import SHUTTING_DOWN, ClientDisconnected, Deadline, DeadlineExceeded
 from semif_adapter.errors import EngineFailure, ModelBusy, NotReady, SemifError
-from semif_adapter.http import request_scope
-from semif_adapter.http.admission import Admission
 from semif_adapter.metrics import Metrics
 from semif_adapter.protocol import BatchResult, Decision, ModelInfo
 from semif_adapter.settings import Settings
@@ -42,6 +42,16 @@ class Engine(Protocol):
     def score(self, decisions: Sequence[Decision], cancel: Deadline | None = None) -> BatchResult: ...
     def reset_prefix_cache(self) -> None: ...
     def close(self) -> None: ...
+
+
+class GroupFailed(Exception):
+    """The engine refused a decision of group ``index`` of a :meth:`DecisionService.score_groups` call
+    with ``error`` (its ``loc`` names the decision): the route names the body line it came from."""
+
+    def __init__(self, index: int, error: SemifError) -> None:
+        super().__init__(str(error))
+        self.index = index
+        self.error = error
 
 
 class Phase(str, enum.Enum):
@@ -206,8 +216,9 @@ class DecisionService:
                 try:
                     batches.append(engine.score(group, cancel=cancel))
                 except SemifError as exc:
-                    exc.group = index  # lets the caller name the line
-                    raise
+                    if not exc.loc:  # about no decision (a deadline, a disconnect, a fault): as it is
+                        raise
+                    raise GroupFailed(index, exc) from exc
             return batches
 
         return await self._admit(run)

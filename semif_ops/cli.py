@@ -113,7 +113,7 @@ def explain(exc: BaseException) -> str | None:
     return None
 
 
-def _aws_error(exc: Exception) -> str | None:
+def _aws_error(exc: BaseException) -> str | None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     from semif_ops.aws import describe

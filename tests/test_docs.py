@@ -132,3 +132,75 @@ def test_the_example_check_notices_an_answer_that_moved(field: str) -> None:
     bumped = digits[:-1] + str((int(digits[-1]) + 1) % 10)  # one unit in the last place shown
     moved = answer[: value.start(1)] + bumped + answer[value.end(1) :]
     assert moved != answer and _shown(moved) != _golden("readme")[1]
+
+
+# --- every path and module a reader is pointed to exists ------------------------------------------------
+CODE_ROOTS = ("semif_adapter", "semif_ops", "semif_client", "scripts", "tests", ".ci")
+PATH = re.compile(
+    r"(?<![\w./-])((?:semif_adapter|semif_ops|semif_client|scripts|tests|benchmarks|\.ci)/[\w./-]*\w)"
+)
+DOTTED = re.compile(r"(?<![\w.])((?:semif_adapter|semif_ops|semif_client|scripts)(?:\.\w+)+)")
+
+
+def _reading() -> dict[str, str]:
+    """The docs, and every docstring and comment of the code: what a reader follows to a file."""
+    import ast
+
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in [*ROOT.glob("*.md"), *ROOT.glob("docs/*.md")]}
+    texts.update({str(p.relative_to(ROOT)): p.read_text() for p in ROOT.glob("benchmarks/**/*.md")})
+    for root in (*CODE_ROOTS[:4], "benchmarks"):
+        for path in ROOT.glob(f"{root}/**/*.py"):
+            source = path.read_text()
+            nodes = ast.walk(ast.parse(source))
+            docs = [
+                ast.get_docstring(n) or ""
+                for n in nodes
+                if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            ]
+            comments = [line for line in source.splitlines() if line.lstrip().startswith("#")]
+            texts[str(path.relative_to(ROOT))] = "\n".join(docs + comments)
+    return texts
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    path, i = ROOT / parts[0], 1
+    while i < len(parts) and ((path / parts[i]).is_dir() or (path / f"{parts[i]}.py").is_file()):
+        path = path / parts[i] if (path / parts[i]).is_dir() else path / f"{parts[i]}.py"
+        i += 1
+    if i == len(parts):
+        return True
+    module = path / "__init__.py" if path.is_dir() else path
+    name = re.escape(parts[i])
+    pattern = rf"^(?:async def|def|class) {name}\b|^{name}\b|^\s*{name}\s*[:=]|import [^\n]*\b{name}\b"
+    return module.is_file() and re.search(pattern, module.read_text(), re.M) is not None
+
+
+def test_every_code_path_and_module_named_in_docs_and_docstrings_exists() -> None:
+    missing = []
+    for where, text in _reading().items():
+        for named in PATH.findall(text):
+            named = named.rstrip(".")
+            is_code = named.startswith(CODE_ROOTS) or named.endswith((".py", ".sh"))
+            if is_code and "*" not in named and not (ROOT / named).exists():
+                missing.append(f"{where}: {named}")
+        missing += [f"{where}: {name}" for name in set(DOTTED.findall(text)) if not _resolves(name)]
+    assert not missing, "named but not there:\n" + "\n".join(sorted(missing))
+
+
+def test_the_path_check_notices_a_module_that_is_gone() -> None:
+    assert _resolves("semif_adapter.engine.scoring.ScoringParts")
+    assert not _resolves("semif_adapter.engine.gone")
+    assert not _resolves("semif_adapter.engine.scoring.NoSuchThing")
+    assert PATH.findall("see ``scripts/batch_transform.py``.") == ["scripts/batch_transform.py"]
+
+
+def test_contributing_names_every_module_of_the_server() -> None:
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    layout = re.search(r"```\n(semif_adapter/.*?)```", text, re.S)
+    assert layout is not None, "CONTRIBUTING.md lost its layout block"
+    modules = [p for p in ROOT.glob("semif_adapter/**/*.py") if p.name != "__init__.py"]
+    unnamed = [
+        str(p.relative_to(ROOT)) for p in modules if not re.search(rf"\b{re.escape(p.name)}", layout.group(1))
+    ]
+    assert not unnamed, f"name these modules in CONTRIBUTING.md's layout: {unnamed}"

@@ -1,25 +1,25 @@
 """From a decision API body to validated decisions: media types, JSON, limits, states rendered.
 
-Parsing runs off the event loop for large bodies, so ``/ping`` never waits behind one.
+Routes parse large bodies off the event loop (``http.body.off_loop``), so ``/ping`` never waits behind one.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import ValidationError
 from starlette.requests import Request
 
+from semif_adapter.decisions.json_body import (
+    numbered_lines,
+    read_decision_json,
+    refuse_counts,
+    refuse_options,
+)
 from semif_adapter.errors import DecisionValidationError, UnsupportedMediaType
-from semif_adapter.http.decision_json import numbered_lines, read_decision_json, refuse_counts, refuse_options
 from semif_adapter.protocol import Decision, InvocationRequest
 from semif_adapter.settings import Settings
-from semif_adapter.systemone.service import is_systemone_payload
-
-T = TypeVar("T")
+from semif_adapter.systemone.serving import is_systemone_payload
 
 # No Content-Type, or the generic octet-stream an InvokeEndpoint caller may leave, is read as JSON.
 JSON_TYPES = {"application/json", "text/json", "application/octet-stream", ""}
@@ -30,21 +30,6 @@ JSONLINES_TYPES = {
     "application/x-ndjson",
 }
 
-# Bodies above this size are parsed and validated on a worker thread, so /ping never waits behind them.
-OFF_LOOP_BYTES = 64 * 1024
-_PARSERS = threading.BoundedSemaphore(2)  # at most two large bodies parsed at once: CPU and memory bounded
-
-
-async def off_loop(size: int, parse: Callable[[], T]) -> T:
-    """Run ``parse`` inline for small bodies, else on a worker thread (at most two at a time)."""
-    if size <= OFF_LOOP_BYTES:
-        return parse()
-
-    def bounded() -> T:
-        with _PARSERS:
-            return parse()
-
-    return await asyncio.to_thread(bounded)
 
 
 def is_jsonlines(request: Request) -> bool:

@@ -13,9 +13,9 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from semif_adapter.decisions.parse import is_jsonlines, off_loop, parse_invocation, parse_jsonlines
+from semif_adapter.decisions.parse import is_jsonlines, parse_invocation, parse_jsonlines
 from semif_adapter.errors import SemifError
-from semif_adapter.http.body import read_body
+from semif_adapter.http.body import off_loop, read_body
 from semif_adapter.metrics import Metrics
 from semif_adapter.protocol import (
     BatchResult,
@@ -27,7 +27,7 @@ from semif_adapter.protocol import (
     SingleResponse,
     check_shared_batch,
 )
-from semif_adapter.serving import DecisionService
+from semif_adapter.serving import DecisionService, GroupFailed
 from semif_adapter.systemone.routes import respond as answer_systemone_invocation
 
 router = APIRouter()
@@ -116,6 +116,14 @@ async def invocations(request: Request) -> Response:
     return JSONResponse(content)
 
 
+def _at_line(exc: SemifError, indices: list[int]) -> SemifError:
+    """``exc`` (about decision ``loc[1]`` of the same-state group at body lines ``indices``) naming the
+    caller's line instead."""
+    if len(exc.loc) >= 2 and isinstance(exc.loc[1], int):
+        exc.loc = (f"line {indices[exc.loc[1]] + 1}", *exc.loc[2:])
+    return exc
+
+
 async def _score_jsonlines(request: Request, service: DecisionService, decisions: list[Decision]) -> Response:
     # Lines about the same state share one prefill; determinism makes grouping invisible.
     groups: dict[str, list[int]] = {}
@@ -123,20 +131,17 @@ async def _score_jsonlines(request: Request, service: DecisionService, decisions
         groups.setdefault(decision.state_text, []).append(index)
     order = list(groups.values())
     max_options = service.settings.max_options
+    for indices in order:
+        try:
+            check_shared_batch([decisions[i] for i in indices], len(decisions), max_options)
+        except SemifError as exc:
+            raise _at_line(exc, indices) from None
     try:
-        for group, indices in enumerate(order):
-            try:
-                check_shared_batch([decisions[i] for i in indices], len(decisions), max_options)
-            except SemifError as exc:
-                exc.group = group
-                raise
         batches, waited, engine_s = await service.score_groups(
             [[decisions[i] for i in indices] for indices in order]
         )
-    except SemifError as exc:  # the batch check's or the engine's: loc names the caller's line
-        if exc.group is not None and len(exc.loc) >= 2 and isinstance(exc.loc[1], int):
-            exc.loc = (f"line {order[exc.group][exc.loc[1]] + 1}", *exc.loc[2:])
-        raise
+    except GroupFailed as failed:  # the engine's refusal of one group: loc names the caller's line
+        raise _at_line(failed.error, order[failed.index]) from None
     results = _in_request_order(len(decisions), order, batches)
     request.state.log.update(
         decisions=len(decisions),

@@ -1,4 +1,4 @@
-"""``benchmark`` and ``calibrate`` command lines (scripts/*.py and ``semif-adapter <command>``).
+"""``benchmark`` and ``calibrate`` command lines (``semif-adapter benchmark``, ``semif-adapter calibrate``).
 
 Hooks for the package CLI: :func:`add_parser` registers both commands on an argparse
 ``subparsers`` object and sets ``func`` (``ns.func(ns) -> int``); :func:`benchmark_main` and

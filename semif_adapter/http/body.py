@@ -7,6 +7,7 @@ Decompression is capped at ``max_body_bytes`` of output, so a small compressed b
 from __future__ import annotations
 
 import asyncio
+import threading
 import zlib
 from collections.abc import Callable
 from typing import Protocol, TypeVar
@@ -163,3 +164,21 @@ async def read_body(request: Request, settings: Settings) -> bytes:
         return raw
     # decompressing up to 6 MB takes tens of milliseconds: on a worker thread, so /ping never waits for it
     return await asyncio.to_thread(decode_content, raw, encoding, limit)
+
+
+# Bodies above this size are parsed and validated on a worker thread, so /ping never waits behind them.
+OFF_LOOP_BYTES = 64 * 1024
+_PARSERS = threading.BoundedSemaphore(2)  # at most two large bodies parsed at once: CPU and memory bounded
+T = TypeVar("T")
+
+
+async def off_loop(size: int, parse: Callable[[], T]) -> T:
+    """Run ``parse`` inline for small bodies, else on a worker thread (at most two at a time)."""
+    if size <= OFF_LOOP_BYTES:
+        return parse()
+
+    def bounded() -> T:
+        with _PARSERS:
+            return parse()
+
+    return await asyncio.to_thread(bounded)

@@ -14,13 +14,17 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from semif_adapter.errors import DecisionValidationError
+from semif_adapter.errors import SemifError
 from semif_adapter.http.rendering import ErrorRenderer
 
 MESSAGE = "a request may not carry both Transfer-Encoding and Content-Length"
 
 
-class AmbiguousFraming(DecisionValidationError):
+class AmbiguousFraming(SemifError):
+    """A transport fault, not a field of the body: 400 in either API's shape (never a 422 list)."""
+
+    code = "invalid_request"
+    status = 400
     close_connection = True
 
 

@@ -1,7 +1,8 @@
 """The shape every API gives its errors: one :class:`ErrorRenderer` per API, chosen by the app.
 
-Each API (decisions at ``/invocations``, System One under ``/v1/``) keeps its own wire shape for errors
-raised outside its routes: the key check, a bad request header, ambiguous framing, 404/405.
+Each API (decisions at ``/invocations``, System One under ``/v1/``) keeps its own wire shape for every
+error: those its routes raise, and those raised outside them (the key check, a bad request header,
+ambiguous framing, 404/405). Routes raise; the app's handlers render, once.
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
 from semif_adapter.errors import SemifError
+from semif_adapter.http.auth import AuthenticationFailed
+
+#: ``request.state.api`` of a request that one API answers on another's path (a System One body sent to
+#: ``/invocations``): its errors take that API's shape.
+SYSTEMONE_API = "systemone"
 
 
 class ErrorRenderer:
@@ -25,6 +31,8 @@ class ErrorRenderer:
         headers = {"Retry-After": str(retry_after_s)} if exc.retryable else {}
         if exc.close_connection:
             headers["Connection"] = "close"
+        if isinstance(exc, AuthenticationFailed):
+            headers["WWW-Authenticate"] = "Bearer"
         return JSONResponse(self.body(exc), status_code=exc.status, headers=headers or None)
 
     def header_error(self, exc: SemifError, retry_after_s: int) -> JSONResponse:
@@ -36,3 +44,7 @@ class ErrorRenderer:
 
     def validation_error(self, exc: RequestValidationError) -> JSONResponse:
         raise NotImplementedError
+
+    def internal_error(self) -> JSONResponse:
+        """A fault of ours that no handler expected: a 500 without details (the log has them)."""
+        return JSONResponse(self.body(SemifError("internal server error")), status_code=500)

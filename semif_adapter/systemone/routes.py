@@ -15,10 +15,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from semif_adapter.errors import NotReady
-from semif_adapter.http.auth import check_bearer
-from semif_adapter.http.body import read_body
-from semif_adapter.settings import Settings
-from semif_adapter.systemone.errors import systemone_error_response
+from semif_adapter.http.body import off_loop, read_body
+from semif_adapter.http.rendering import SYSTEMONE_API
 from semif_adapter.systemone.protocol import (
     ErrorBody,
     HTTPValidationError,
@@ -27,7 +25,7 @@ from semif_adapter.systemone.protocol import (
     SystemOneRequest,
     SystemOneResponse,
 )
-from semif_adapter.systemone.service import (
+from semif_adapter.systemone.serving import (
     ScoringService,
     accepted_model_names,
     answer_systemone,
@@ -77,9 +75,7 @@ router = APIRouter(tags=["System One (Jev-compatible)"])
 
 
 def _service(request: Request) -> ScoringService:
-    service: ScoringService | None = getattr(request.app.state, "service", None)
-    if service is None:
-        raise NotReady("the model is still loading")
+    service: ScoringService = request.app.state.service  # create_app always sets it
     return service
 
 
@@ -89,25 +85,12 @@ def _loaded(service: Any) -> Any:
     return service
 
 
-def _settings(request: Request) -> Settings:
-    service = getattr(request.app.state, "service", None)
-    settings = getattr(service, "settings", None) or getattr(request.app.state, "settings", None)
-    return settings if isinstance(settings, Settings) else Settings()
-
-
 async def respond(request: Request, service: ScoringService, payload: Any) -> Response:
-    """Answer a decoded System One body as a response; every error rendered in the Jev shape.
-
-    The lead's ``/invocations`` handler calls this for bodies with ``questions``.
-    """
-    retry_after_s = service.settings.retry_after_s
-    try:
-        answer = await answer_systemone(service, payload)
-    except Exception as exc:
-        return systemone_error_response(exc, retry_after_s)
-    log_fields = getattr(request.state, "log", None)
-    if isinstance(log_fields, dict):
-        log_fields.update(questions=len(answer["answers"]), input_tokens=answer["usage"]["input_tokens"])
+    """Answer a decoded System One body; its errors are raised and rendered by the app's handlers in
+    the Jev shape, on any path (``/invocations`` calls this for bodies with ``questions``)."""
+    request.state.api = SYSTEMONE_API
+    answer = await answer_systemone(service, payload)
+    request.state.log.update(questions=len(answer["answers"]), input_tokens=answer["usage"]["input_tokens"])
     return JSONResponse(answer)
 
 
@@ -119,20 +102,20 @@ async def respond(request: Request, service: ScoringService, payload: Any) -> Re
     summary="Answer noul / choice / score questions about one state",
 )
 async def systemone(request: Request) -> Response:
-    settings = _settings(request)
-    try:
-        check_bearer(request.headers.get("authorization"), settings.api_key)
-        service = _service(request)
-        payload = parse_json_body(await read_body(request, settings), settings.max_json_depth)
-    except Exception as exc:
-        return systemone_error_response(exc, settings.retry_after_s)
+    """The key was checked by the middleware; the body is read bounded and parsed off the event loop
+    when large, as ``/invocations`` does."""
+    service = _service(request)
+    settings = service.settings
+    body = await read_body(request, settings)
+    payload = await off_loop(len(body), lambda: parse_json_body(body, settings.max_json_depth))
     return await respond(request, service, payload)
 
 
 def _release_date(service: Any) -> str:
-    """The GGUF's modification date (when it was built or packaged); today if it cannot be read."""
-    candidates = [getattr(service.settings, "gguf_path", None), getattr(service.model_info, "file", None)]
-    for candidate in candidates:
+    """The served GGUF's modification date (when it was built or packaged): the file the engine loaded,
+    found by discovery or named by SEMIF_GGUF_PATH; today only where no file is known (a stand-in)."""
+    engine = getattr(service, "engine", None)
+    for candidate in (getattr(engine, "gguf_path", None), getattr(service.settings, "gguf_path", None)):
         if candidate and Path(candidate).is_file():
             mtime = Path(candidate).stat().st_mtime
             return datetime.fromtimestamp(mtime, tz=timezone.utc).date().isoformat()
@@ -160,10 +143,5 @@ def model_list(service: Any) -> ModelList:
     summary="The served model and its accepted aliases",
 )
 async def models(request: Request) -> Response:
-    settings = _settings(request)
-    try:
-        check_bearer(request.headers.get("authorization"), settings.api_key)
-        listing = model_list(_loaded(_service(request)))
-    except Exception as exc:
-        return systemone_error_response(exc, settings.retry_after_s)
+    listing = model_list(_loaded(_service(request)))
     return JSONResponse(listing.model_dump(mode="json"))

@@ -264,7 +264,7 @@ def validate(args: argparse.Namespace) -> tuple[aws.ImageRef | None, dict[str, s
 def start(sm: Any, args: argparse.Namespace, image: aws.ImageRef | None, environment: dict[str, str]) -> str:
     """Create the model if asked, then the transform job; returns the model name used."""
     tags = [{"Key": "project", "Value": "semif-adapter"}, {"Key": "transform-job", "Value": args.job_name}]
-    model_name = args.model or args.job_name
+    model_name: str = args.model or args.job_name
     if args.model:
         check_model_environment(args, model_environment(sm, args.model))
     if image is not None:

@@ -13,6 +13,7 @@ before its config and models, because a config or model still in use cannot be r
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -121,7 +122,7 @@ def cleanup(
         deleted = _missing_ok(lambda: sm.delete_endpoint_config(EndpointConfigName=config_name))
         done.append(f"{'deleted' if deleted is not None else 'already gone:'} endpoint config {config_name}")
     for model in models:
-        deleted = _missing_ok(lambda m=model: sm.delete_model(ModelName=m))
+        deleted = _missing_ok(functools.partial(sm.delete_model, ModelName=model))
         done.append(f"{'deleted' if deleted is not None else 'already gone:'} model {model}")
     return done
 

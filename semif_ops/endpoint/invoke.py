@@ -80,7 +80,8 @@ def invoke_with_retry(
             sleep(delay)
             continue
         response["Body"] = response["Body"].read()
-        return response
+        answered: dict[str, Any] = response
+        return answered
     raise AssertionError("unreachable")  # pragma: no cover
 
 

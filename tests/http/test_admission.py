@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from semif_adapter.http.admission import Admission
+from semif_adapter.admission import Admission
 
 
 def _thread_nice() -> int:
@@ -44,6 +44,6 @@ def test_a_refused_priority_change_is_logged_and_the_engine_still_runs(
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(os, "setpriority", refuse)
-    with caplog.at_level(logging.WARNING, logger="semif_adapter.http.admission"):
+    with caplog.at_level(logging.WARNING, logger="semif_adapter.admission"):
         assert _engine_thread_nice(10) == _thread_nice()
     assert "SEMIF_ENGINE_NICE=10" in caplog.text and "not permitted" in caplog.text

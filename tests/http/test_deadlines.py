@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from semif_adapter.http.request_scope import InvalidTimeout, requested_limit
+from semif_adapter.request_scope import InvalidTimeout, requested_limit
 from tests.helpers.support import LiveServer
 
 DECISION = {

@@ -18,6 +18,7 @@ from semif_adapter.decisions import parse as decision_parse
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.engine.deadline import SHUTTING_DOWN, Deadline
 from semif_adapter.errors import ShuttingDown, TokenBudgetExceeded
+from semif_adapter.http import body
 from semif_adapter.http.auth import on_sagemaker, requires_key
 from tests.helpers.support import engine_settings
 
@@ -117,7 +118,7 @@ def test_large_bodies_are_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPa
         _wait_ready(fake)
         loop_thread = fake.portal.call(lambda: threading.current_thread().name)  # type: ignore[union-attr]
         assert fake.post("/invocations", json={"decision": DECISION}).status_code == 200
-        big = {**DECISION, "state": "x " * decision_parse.OFF_LOOP_BYTES}
+        big = {**DECISION, "state": "x " * body.OFF_LOOP_BYTES}
         assert fake.post("/invocations", json={"decision": big}).status_code == 200
     assert seen[0] == loop_thread  # a small body stays on the loop: a thread hop would cost more
     assert seen[1] != loop_thread

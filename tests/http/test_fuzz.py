@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from semif_adapter.app import create_app
+from semif_adapter.decisions.json_body import numbered_lines
 from semif_adapter.engine import DecisionEngine
-from semif_adapter.error_handlers import renderer_for
-from semif_adapter.http.decision_json import numbered_lines
+from semif_adapter.http.error_handlers import renderer_for
 from semif_adapter.http.framing import AmbiguousFramingGuard
 from tests.helpers.hostile import (
     DECISION,

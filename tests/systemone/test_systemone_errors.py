@@ -12,17 +12,15 @@ from semif_adapter.errors import (
     EngineFailure,
     ModelBusy,
     NotReady,
+    SemifError,
     TokenBudgetExceeded,
 )
 from semif_adapter.http import auth
+from semif_adapter.http.auth import AuthenticationFailed
 from semif_adapter.http.body import BodyTooLarge, UnsupportedEncoding
 from semif_adapter.settings import Settings
-from semif_adapter.systemone import service as s1
-from semif_adapter.systemone.errors import (
-    AuthenticationFailed,
-    SystemOneValidationError,
-    systemone_error_response,
-)
+from semif_adapter.systemone import serving as s1
+from semif_adapter.systemone.errors import SYSTEMONE_ERRORS, SystemOneValidationError
 
 SETTINGS = Settings(max_decisions=3, model_aliases=["house-model"], retry_after_s=7)
 
@@ -37,7 +35,10 @@ def body(**extra):
 
 
 def rendered(exc):
-    response = systemone_error_response(exc, SETTINGS.retry_after_s)
+    if isinstance(exc, SemifError):
+        response = SYSTEMONE_ERRORS.semif_error(exc, SETTINGS.retry_after_s)
+    else:  # what the app's last-resort handler answers
+        response = SYSTEMONE_ERRORS.internal_error()
     return response.status_code, json.loads(response.body), response.headers
 
 

@@ -141,3 +141,57 @@ def test_loading_is_503_not_a_model_error():
     for response in run(scenario()):
         assert response.status_code == 503 and response.headers["retry-after"] == "2"
         assert response.json()["detail"]["error_type"] == "not_ready"
+
+
+def _ready_app(**settings: object):
+    engine = HeldEngine(result(["no", "yes"], [0.5, 0.5]).model)
+    engine.release.set()
+    return create_app(Settings(warmup=False, served_model_name="held", **settings), lambda: engine)  # type: ignore[arg-type]
+
+
+def test_a_body_that_stops_coming_gets_a_408_that_closes_the_connection_on_both_apis():
+    """One error path: the 408 (the rest of a trickled body must not be read as a next request) closes
+    its connection on /v1/systemone as on /invocations, each in its own API's shape."""
+    app = _ready_app(body_timeout_s=0.2)
+
+    async def stalled():
+        yield b'{"model": "held", '
+        await asyncio.sleep(1.0)
+        yield b"}"
+
+    async def scenario():
+        await app.state.service.start()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return [await client.post(path, content=stalled()) for path in ("/v1/systemone", "/invocations")]
+
+    systemone, invocations = run(scenario())
+    for response in (systemone, invocations):
+        assert response.status_code == 408 and response.headers["connection"] == "close"
+    assert systemone.json()["detail"]["error_type"] == "request_timeout"
+    assert invocations.json()["type"] == "request_timeout"
+
+
+def test_a_system_one_body_on_invocations_fails_in_the_system_one_shape():
+    app = _ready_app()
+
+    async def scenario():
+        await app.state.service.start()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            return [
+                await client.post(p, json={**BODY, "model": "nope"})
+                for p in ("/v1/systemone", "/invocations")
+            ]
+
+    responses = run(scenario())
+    assert [r.status_code for r in responses] == [422, 422]
+    assert responses[0].json() == responses[1].json() and responses[0].json()["detail"][0]["loc"] == [
+        "body",
+        "model",
+    ]
+
+
+def test_the_key_is_checked_in_one_place_only():
+    from semif_adapter.systemone import routes
+
+    source = Path(routes.__file__).read_text()
+    assert "check_bearer" not in source and "systemone_error_response" not in source

@@ -159,8 +159,8 @@ def _question_loc(error: SemifError, built: list[Built]) -> tuple[list[LocPart],
 async def answer_systemone(service: ScoringService, payload: Any) -> dict[str, Any]:
     """Answer a System One request body (already JSON-decoded) as a JSON-ready dict.
 
-    Raises :class:`SystemOneValidationError` or a ``SemifError``; render either with
-    :func:`semif_adapter.systemone.errors.systemone_error_response`.
+    Raises :class:`SystemOneValidationError` or another ``SemifError``; the app's handlers render
+    either in the Jev shape (``systemone.errors.SYSTEMONE_ERRORS``).
     """
     if not service.ready:
         # Checked first: the accepted model names are only known once the model is loaded.

@@ -14,9 +14,10 @@ from collections.abc import Awaitable, Callable
 from fastapi import Request
 from starlette.responses import Response
 
-from semif_adapter.error_handlers import renderer_for
+from semif_adapter import request_scope
 from semif_adapter.errors import SemifError
-from semif_adapter.http import auth, request_scope
+from semif_adapter.http import auth
+from semif_adapter.http.error_handlers import renderer_for
 from semif_adapter.metrics import Metrics
 from semif_adapter.settings import Settings
 
@@ -39,8 +40,7 @@ async def observe(request: Request, call_next: Callable[[Request], Awaitable[Res
             auth.check_bearer(request.headers.get("authorization"), settings.api_key)
         limit_s = request_scope.requested_limit(request.headers, settings.request_timeout_s)
     except auth.AuthenticationFailed as exc:
-        response: Response = renderer.semif_error(exc, settings.retry_after_s)
-        response.headers["WWW-Authenticate"] = "Bearer"
+        response: Response = renderer.semif_error(exc, settings.retry_after_s)  # with its Bearer challenge
     except SemifError as exc:
         response = renderer.header_error(exc, settings.retry_after_s)
     else:
