@@ -221,6 +221,28 @@ class LlamaRuntime:
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
 
+        cparams = self._context_params(n_ctx, n_batch, n_threads, invariant, n_seq_max, flash_attention)
+        self.ctx = self.abi.init_from_model(self.model, cparams)
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.invariant = invariant
+        self.n_seq_max = int(cparams.n_seq_max)
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.batch = self.abi.batch_init(n_batch, 0, 1)
+        self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self.model))
+        self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(self.model))
+        self.n_swa = int(llama_cpp.llama_model_n_swa(self.model))  # > 0: sliding-window layers
+        self._token_lengths: dict[int, int] = {}
+        self._closed = False
+
+    def _context_params(
+        self, n_ctx: int, n_batch: int, n_threads: int, invariant: bool, n_seq_max: int, flash_attention: bool
+    ) -> Any:
+        """``llama_context_params`` for the fixed split (two sequences in one unified KV cache) or the
+        invariant configuration (one KV stream of ``n_ctx`` cells per sequence)."""
         cparams = self.abi.context_default_params()
         _check_struct_layout(cparams)
         n_streams = n_seq_max if invariant else 1
@@ -238,21 +260,7 @@ class LlamaRuntime:
         cparams.swa_full = True  # no sliding-window pruning: the prefix stays intact for every branch
         cparams.embeddings = False
         cparams.no_perf = True
-        self.ctx = self.abi.init_from_model(self.model, cparams)
-        if not self.ctx:
-            llama_cpp.llama_model_free(self.model)
-            raise ModelLoadError(f"llama.cpp could not create a context of {n_ctx} tokens for {path}")
-        self.n_ctx = n_ctx
-        self.n_batch = n_batch
-        self.invariant = invariant
-        self.n_seq_max = int(cparams.n_seq_max)
-        self.memory = llama_cpp.llama_get_memory(self.ctx)
-        self.batch = self.abi.batch_init(n_batch, 0, 1)
-        self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self.model))
-        self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(self.model))
-        self.n_swa = int(llama_cpp.llama_model_n_swa(self.model))  # > 0: sliding-window layers
-        self._token_lengths: dict[int, int] = {}
-        self._closed = False
+        return cparams
 
     # --- vocabulary -----------------------------------------------------------------------
     def tokenize(self, text: str, special: bool) -> list[int]:

@@ -141,63 +141,86 @@ def probe(runtime: LlamaRuntime, prefix: Sequence[int], suffixes: Sequence[Seque
         raise ValueError(f"the probe's prefix needs {2 * PROBE_TAIL} tokens or more")
     ordered = sorted((list(s) for s in suffixes), key=len)
     checks: dict[str, float] = {}
-    min_piece = 0
-    single: bool | None = None
     try:
         decoder = _Decoder(runtime, prefix, PROBE_TAIL)
         decoder.tail(runtime.n_batch, 1)
-        alone: dict[int, np.ndarray] = {}
-
-        def reference(index: int) -> np.ndarray:
-            if index not in alone:
-                alone[index] = decoder.branches([ordered[index]])[0]
-            return alone[index]
-
-        for candidate in PIECE_CANDIDATES:
-            index = next((i for i, s in enumerate(ordered) if len(s) >= 3 * candidate), None)
-            if index is None:
-                break
-            if single is None:
-                single = _gap(decoder.branches([ordered[index]], split=1)[0], reference(index)) != 0.0
-            gaps = [
-                _gap(decoder.branches([ordered[index]], split=k)[0], reference(index))
-                for k in _lengths(candidate)
-            ]
-            checks[f"pieces of {candidate}+ tokens"] = max(gaps)
-            if all(gap == 0.0 for gap in gaps):
-                min_piece = candidate
-                break
-        if not min_piece:
-            return _judged(checks, 0, single)
-        use: list[int] = []  # suffixes that may share a call: lengths min_piece apart
-        for i, suffix in enumerate(ordered):
-            if len(use) < min(3, n_branches) and (
-                not use or len(suffix) >= len(ordered[use[-1]]) + min_piece
-            ):
-                use.append(i)
-        if len(use) < 2 or not shares_safely([len(ordered[i]) for i in use], runtime.n_batch, min_piece):
-            raise ValueError("the probe's suffixes cannot share one call safely")
-        together = decoder.branches([ordered[i] for i in use])
-        checks["suffixes in one call"] = max(
-            _gap(a, reference(i)) for a, i in zip(together, use, strict=True)
-        )
-        backwards = decoder.branches([ordered[i] for i in use[::-1]])[::-1]
-        checks["suffixes in one call, longest first"] = max(
-            _gap(a, reference(i)) for a, i in zip(backwards, use, strict=True)
-        )
-        first = use[0]
-        checks["a suffix in the last stream"] = _gap(
-            decoder.branches([ordered[first]], n_branches)[0], reference(first)
-        )
-        decoder.tail(2 * min_piece, min_piece)
-        checks[f"prefix tail in {2 * min_piece}-token calls"] = _gap(
-            decoder.branches([ordered[first]])[0], reference(first)
-        )
-        merged = decoder.tail(runtime.n_batch, min_piece, ordered[first])[0]
-        checks["prefix tail in the suffix's call"] = _gap(merged, reference(first))
+        alone = _References(decoder, ordered)
+        min_piece, single = _shortest_safe_piece(decoder, ordered, alone, checks)
+        if min_piece:
+            _check_shared_calls(decoder, ordered, alone, checks, min_piece)
     finally:
         runtime.clear(wipe=True)
     return _judged(checks, min_piece, single)
+
+
+class _References:
+    """Each suffix's logits decoded alone on a copy: what every other way must reproduce."""
+
+    def __init__(self, decoder: _Decoder, ordered: list[list[int]]) -> None:
+        self.decoder, self.ordered = decoder, ordered
+        self.alone: dict[int, np.ndarray] = {}
+
+    def __call__(self, index: int) -> np.ndarray:
+        if index not in self.alone:
+            self.alone[index] = self.decoder.branches([self.ordered[index]])[0]
+        return self.alone[index]
+
+
+def _shortest_safe_piece(
+    decoder: _Decoder, ordered: list[list[int]], reference: _References, checks: dict[str, float]
+) -> tuple[int, bool | None]:
+    """The first candidate whose pieces (around its length) move nothing, 0 if none; and whether a
+    piece of one token moves a suffix's logits."""
+    single: bool | None = None
+    for candidate in PIECE_CANDIDATES:
+        index = next((i for i, s in enumerate(ordered) if len(s) >= 3 * candidate), None)
+        if index is None:
+            break
+        if single is None:
+            single = _gap(decoder.branches([ordered[index]], split=1)[0], reference(index)) != 0.0
+        gaps = [
+            _gap(decoder.branches([ordered[index]], split=k)[0], reference(index))
+            for k in _lengths(candidate)
+        ]
+        checks[f"pieces of {candidate}+ tokens"] = max(gaps)
+        if all(gap == 0.0 for gap in gaps):
+            return candidate, single
+    return 0, single
+
+
+def _check_shared_calls(
+    decoder: _Decoder,
+    ordered: list[list[int]],
+    reference: _References,
+    checks: dict[str, float],
+    min_piece: int,
+) -> None:
+    """With pieces of ``min_piece`` or more: suffixes sharing a call in both orders, a suffix in the last
+    stream, the prefix's tail in short calls and in the suffix's own call."""
+    runtime = decoder.runtime
+    n_branches = runtime.n_seq_max - 1
+    use: list[int] = []  # suffixes that may share a call: lengths min_piece apart
+    for i, suffix in enumerate(ordered):
+        if len(use) < min(3, n_branches) and (not use or len(suffix) >= len(ordered[use[-1]]) + min_piece):
+            use.append(i)
+    if len(use) < 2 or not shares_safely([len(ordered[i]) for i in use], runtime.n_batch, min_piece):
+        raise ValueError("the probe's suffixes cannot share one call safely")
+    together = decoder.branches([ordered[i] for i in use])
+    checks["suffixes in one call"] = max(_gap(a, reference(i)) for a, i in zip(together, use, strict=True))
+    backwards = decoder.branches([ordered[i] for i in use[::-1]])[::-1]
+    checks["suffixes in one call, longest first"] = max(
+        _gap(a, reference(i)) for a, i in zip(backwards, use, strict=True)
+    )
+    first = use[0]
+    checks["a suffix in the last stream"] = _gap(
+        decoder.branches([ordered[first]], n_branches)[0], reference(first)
+    )
+    decoder.tail(2 * min_piece, min_piece)
+    checks[f"prefix tail in {2 * min_piece}-token calls"] = _gap(
+        decoder.branches([ordered[first]])[0], reference(first)
+    )
+    merged = decoder.tail(runtime.n_batch, min_piece, ordered[first])[0]
+    checks["prefix tail in the suffix's call"] = _gap(merged, reference(first))
 
 
 def _lengths(candidate: int) -> tuple[int, ...]:

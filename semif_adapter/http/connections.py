@@ -58,71 +58,81 @@ def _overload_response(limit: int, retry_after_s: int) -> bytes:
     return head.encode("ascii") + body
 
 
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a header timeout and a connection cap; :func:`guarded_protocol` makes
+    the subclass that carries the configured values."""
+
+    guard_header_timeout_s: float = 10.0
+    guard_max_connections: int = 1024
+    guard_overload: bytes = b""
+    _refused = False
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.guard_max_connections:
+            self._refused = True
+            transport.write(self.guard_overload)
+            transport.close()
+            log.warning("connection refused: %d open (SEMIF_MAX_CONNECTIONS)", len(self.connections))
+            return
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._awaiting_headers():
+            self._arm_header_timer()  # the first bytes of the next request on a kept-alive connection
+        super().data_received(data)
+        if not self._awaiting_headers():
+            self._disarm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._refused:
+            return
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def eof_received(self) -> None:
+        if not self._refused:
+            super().eof_received()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self._awaiting_headers():  # a pipelined request was already complete
+            self._disarm_header_timer()
+
+    # --- the header timer -------------------------------------------------------------------------
+    def _awaiting_headers(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.guard_header_timeout_s, self._headers_timed_out)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_timed_out(self) -> None:
+        self._header_timer = None
+        if self._awaiting_headers() and not self.transport.is_closing():
+            log.info(
+                "closing a connection whose request headers took over %.3g s (SEMIF_HEADER_TIMEOUT_S)",
+                self.guard_header_timeout_s,
+            )
+            self.transport.close()
+
+
 def guarded_protocol(
     header_timeout_s: float, max_connections: int, retry_after_s: int = 1
 ) -> type[H11Protocol]:
     """uvicorn's h11 protocol class with the header timeout and the connection cap (``Config(http=...)``)."""
-    overload = _overload_response(max_connections, retry_after_s)
-
-    class GuardedH11Protocol(H11Protocol):
-        _refused = False
-        _header_timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            if len(self.connections) >= max_connections:
-                self._refused = True
-                transport.write(overload)
-                transport.close()
-                log.warning("connection refused: %d open (SEMIF_MAX_CONNECTIONS)", len(self.connections))
-                return
-            super().connection_made(transport)
-            self._arm_header_timer()
-
-        def data_received(self, data: bytes) -> None:
-            if self._refused:
-                return
-            if self._awaiting_headers():
-                self._arm_header_timer()  # the first bytes of the next request on a kept-alive connection
-            super().data_received(data)
-            if not self._awaiting_headers():
-                self._disarm_header_timer()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._refused:
-                return
-            self._disarm_header_timer()
-            super().connection_lost(exc)
-
-        def eof_received(self) -> None:
-            if not self._refused:
-                super().eof_received()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self._awaiting_headers():  # a pipelined request was already complete
-                self._disarm_header_timer()
-
-        # --- the header timer ---------------------------------------------------------------------
-        def _awaiting_headers(self) -> bool:
-            return self.cycle is None or self.cycle.response_complete
-
-        def _arm_header_timer(self) -> None:
-            if self._header_timer is None:
-                self._header_timer = self.loop.call_later(header_timeout_s, self._headers_timed_out)
-
-        def _disarm_header_timer(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_timed_out(self) -> None:
-            self._header_timer = None
-            if self._awaiting_headers() and not self.transport.is_closing():
-                log.info(
-                    "closing a connection whose request headers took over %.3g s (SEMIF_HEADER_TIMEOUT_S)",
-                    header_timeout_s,
-                )
-                self.transport.close()
-
-    return GuardedH11Protocol
+    attributes = {
+        "guard_header_timeout_s": header_timeout_s,
+        "guard_max_connections": max_connections,
+        "guard_overload": _overload_response(max_connections, retry_after_s),
+    }
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), attributes)
 

@@ -141,6 +141,19 @@ class Calibration:
         return None
 
 
+def stale_reason(calibration: Calibration, scoring_version: str, model_sha256: str) -> str | None:
+    """Why ``calibration`` does not belong to a server scoring under ``scoring_version`` with the model
+    ``model_sha256``; None when it does. A temperature fitted on one scoring's logits does not fit
+    another's, and one that records no scoring version was fitted under an unknown one."""
+    if calibration.model_sha256 and calibration.model_sha256 != model_sha256:
+        return f"was fitted on model {calibration.model_sha256[:16]}…, this is {model_sha256[:16]}…"
+    if calibration.scoring_version is None:
+        return "records no scoring_version (fitted before scoring versions existed)"
+    if calibration.scoring_version != scoring_version:
+        return f"was fitted under scoring {calibration.scoring_version}; this server scores {scoring_version}"
+    return None
+
+
 def apply_temperature(logits: np.ndarray, t: float) -> np.ndarray:
     """float64 ``softmax(logits / t)`` over the last axis (max-shifted, so large logits cannot overflow)."""
     if not (math.isfinite(t) and t > 0):

@@ -280,11 +280,11 @@ def test_gemma_restoring_a_state_past_2048_tokens_is_exact(gemma_gguf: Path) -> 
     try:
         assert runtime.n_swa > 0 and len(suffix) == 20
         engine.reset_prefix_cache()
-        assert engine._prefill(prefix) == 0
+        assert engine.prefill.fill(prefix) == 0
         cold = last_logits()
         engine.reset_prefix_cache()
-        engine._prefill(prefix[:2100])  # files the state after 2,048 tokens
-        assert engine._prefill(prefix) == 2048
+        engine.prefill.fill(prefix[:2100])  # files the state after 2,048 tokens
+        assert engine.prefill.fill(prefix) == 2048
         warm = last_logits()
     finally:
         engine.close()

@@ -184,11 +184,11 @@ def test_a_grown_state_reuses_the_last_saved_state_whole(request: pytest.Fixture
             state = log + "note" + " ok" * pad + "."
             prefix = on.prompt_tokens(turn(state))[0]
             cuts = on.prefix_cuts(turn(state))
-            if cuts != on._block_cuts(len(prefix)):
+            if cuts != on.planner.block_cuts(len(prefix)):
                 break
         else:
             pytest.fail("no state put a whole block in the trailer")
-        assert on._block_cuts(len(prefix))[-1] > cuts[-1] > 512  # past gemma's sliding window
+        assert on.planner.block_cuts(len(prefix))[-1] > cuts[-1] > 512  # past gemma's sliding window
         grown = state + "\n31 worker-3 recovered."
         on.score(turn(state))
         warm = on.score(turn(grown))

@@ -110,7 +110,7 @@ def test_abort_mid_prefill_drops_the_half_written_prefix(
         "tokens_needed": len(prefix) + sum(map(len, suffixes)),
         "limit_s": None,
     }
-    assert abort_engine._cached_prefix is None  # complete or dropped, never half-written
+    assert abort_engine.prefill.cached_prefix is None  # complete or dropped, never half-written
     _assert_unchanged(abort_engine, cases, "long_state")
 
 

@@ -46,7 +46,7 @@ def reference_logits(engine: DecisionEngine, request: dict) -> np.ndarray:
     prefix, suffixes = engine.prompt_tokens([request])
     runtime = engine.runtime
     engine.reset_prefix_cache()
-    engine._prefill(prefix, cuts=engine.prefix_cuts([request]))
+    engine.prefill.fill(prefix, cuts=engine.prefix_cuts([request]))
     runtime.decode(suffixes[0], len(prefix), PREFIX_SEQ, want_logits=True)
     logits = runtime.last_logits()[engine.label_token_ids(len(request["options"]))].astype(np.float64)
     engine.reset_prefix_cache()

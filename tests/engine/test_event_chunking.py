@@ -145,7 +145,7 @@ def test_a_string_state_with_the_same_text_is_cut_alike(
     as_text = turn_decisions("billing", 2, as_text=True)
     prefix, _ = on.prompt_tokens(as_list)
     assert on.prompt_tokens(as_text)[0] == prefix and on.prefix_cuts(as_list) == on.prefix_cuts(as_text)
-    assert on.prefix_cuts(as_text) != on._block_cuts(len(prefix))
+    assert on.prefix_cuts(as_text) != on.planner.block_cuts(len(prefix))
     off.reset_prefix_cache()
     a = off.score(as_list).results
     on.reset_prefix_cache()

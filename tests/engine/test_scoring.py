@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from semif_adapter.engine import DecisionEngine, decision_engine, prompt, scoring
+from semif_adapter.engine import DecisionEngine, planner, prompt, scoring
 from semif_adapter.engine.chunking import block_cuts, event_cuts
 
 AVX2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | REPACK = 1 | "
@@ -44,10 +44,10 @@ def test_changing_the_cut_rule_changes_the_version(
     before = gemma_engine._scoring_parts()
     if rule == "blocks":  # blocks of half the size
         monkeypatch.setattr(
-            decision_engine, "block_cuts", lambda n, b, h, limit=None: block_cuts(n, b // 2, h, limit)
+            planner, "block_cuts", lambda n, b, h, limit=None: block_cuts(n, b // 2, h, limit)
         )
     else:  # a transcript not cut after its last element
-        monkeypatch.setattr(decision_engine, "event_cuts", lambda a, n, b, h: event_cuts(a[:-1], n, b, h))
+        monkeypatch.setattr(planner, "event_cuts", lambda a, n, b, h: event_cuts(a[:-1], n, b, h))
     after = gemma_engine._scoring_parts()
     assert after.changed(before) == ["split"] and after.version != before.version
 

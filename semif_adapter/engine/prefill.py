@@ -1,0 +1,238 @@
+"""The prefill: what sequence 0 holds, and how a request's prefix gets there.
+
+The prefix is decoded in chunks its cuts fix (``chunking``), or, in invariant numerics, in as few
+calls as its saved states allow (``stops``); states are saved at the cuts the prefix cache keeps and
+restored from it, so an agent's next turn decodes only what it added. The template head is decoded
+once at load and pinned. Whatever was reused, every token is decoded in the call it would be decoded
+in cold: that is what keeps answers bit-identical with the cache on or off.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection
+from itertools import pairwise
+from typing import Any
+
+from semif_adapter.engine.calls import pieces
+from semif_adapter.engine.chunking import Cuts, chunks, head_cuts
+from semif_adapter.engine.deadline import Deadline
+from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime
+from semif_adapter.engine.planner import Planner
+from semif_adapter.engine.prefix_cache import PrefixCache, SavedPrefix
+
+log = logging.getLogger(__name__)
+
+
+class Prefill:
+    """Sequence 0 and the prefix cache of one context; the engine sets ``fork_mode``, ``invariant`` and
+    ``min_piece`` once its probes have decided them."""
+
+    def __init__(self, runtime: LlamaRuntime, planner: Planner, prefix_cache: PrefixCache) -> None:
+        self.runtime = runtime
+        self.planner = planner
+        self.prefix_cache = prefix_cache
+        self.fork_mode = "copy"
+        self.invariant = False
+        self.min_piece = 1
+        self.cached_prefix: list[int] | None = None
+        self.cached_cuts: Cuts | None = None
+        self.kept_until = 0  # invariant numerics: sequence 0 holds the kept prefix up to here
+        self.snapshot: Any = None  # fork mode "state": sequence 0's state after the prefill
+
+    def reset(self, wipe: bool = False) -> None:
+        """Empty the context (``wipe``: its data too, after a failure); saved states stay (each one is
+        complete, whatever failed since)."""
+        self.cached_prefix = None
+        self.cached_cuts = None
+        self.kept_until = 0
+        self.snapshot = None
+        try:
+            self.runtime.clear(wipe)
+        except Exception:  # pragma: no cover - nothing more we can do
+            log.exception("could not clear llama.cpp memory")
+
+    def keeps(self, prefix_tokens: list[int], cuts: Cuts) -> bool:
+        """Sequence 0 already holds ``prefix_tokens``, decoded at ``cuts``."""
+        return self.cached_prefix == prefix_tokens and self.cached_cuts == cuts
+
+    def keep(self, prefix_tokens: list[int], cuts: Cuts, until: int) -> None:
+        """Sequence 0 holds ``prefix_tokens`` (decoded at ``cuts``) up to ``until``: the next request about
+        this state decodes only the rest (invariant numerics: the tail, in its decisions' calls)."""
+        self.cached_prefix, self.cached_cuts, self.kept_until = list(prefix_tokens), cuts, until
+
+    def reusable(self, prefix_tokens: list[int], cuts: Cuts) -> int:
+        """Prefix tokens the next prefill will not decode (the kept prefix, or a saved state's chunks)."""
+        if self.keeps(prefix_tokens, cuts):
+            return len(prefix_tokens)
+        if not self.prefix_cache.enabled:
+            return 0
+        return self.prefix_cache.peek(tuple(prefix_tokens), cuts)[1]
+
+    def fill(
+        self, prefix_tokens: list[int], cancel: Deadline | None = None, cuts: Cuts | None = None
+    ) -> int:
+        """Make sequence 0 hold exactly ``prefix_tokens``; returns how many tokens were reused.
+
+        Chunks follow ``cuts`` (default: the head and blocks) whatever is reused, so each token is
+        decoded in the same chunk as in a cold prefill. The state at the last cut is filed in the prefix
+        cache only once the whole prefill succeeded; on any exception (an abort included) the caller
+        empties the context (``reset``) and nothing partial was filed.
+        """
+        cuts = cuts if cuts is not None else self.planner.block_cuts(len(prefix_tokens))
+        if self.keeps(prefix_tokens, cuts):
+            return len(prefix_tokens)
+        runtime, cache = self.runtime, self.prefix_cache
+        key = tuple(prefix_tokens)
+        reused = self.restore(key, cuts)
+        last = cuts[-1] if cuts else 0  # the state saved there; the rest is decoded after the save
+        fresh: list[SavedPrefix] = []
+        if last > reused:
+            # the state at the last cut, and where it cannot be cut back, at the block before its elements
+            filed = [p for p in (cache.checkpoint(cuts), last) if p > reused and p != self.planner.head_cut]
+            states = self.decode_chunks(
+                prefix_tokens, chunks(cuts, reused, last), cuts, cancel, filed if cache.enabled else ()
+            )
+            fresh = [SavedPrefix(key[:p], state, self.cuts_to(cuts, p)) for p, state in states.items()]
+        block = self.planner.block_tokens
+        runtime.decode(prefix_tokens[last:], last, PREFIX_SEQ, False, block, cancel=cancel)
+        for entry in fresh:
+            cache.put(entry)
+        self.cached_prefix = list(prefix_tokens)
+        self.cached_cuts = cuts
+        if self.fork_mode == "state":
+            self.snapshot = runtime.save_seq(PREFIX_SEQ)
+        return reused
+
+    def restore(self, key: tuple[int, ...], cuts: Cuts) -> int:
+        """Empty the context, then restore the saved state that serves most of ``key`` into sequence 0
+        (cut back to what it shares); returns how many prefix tokens it holds."""
+        self.reset()
+        if not self.prefix_cache.enabled:
+            return 0
+        saved, reused = self.prefix_cache.lookup(key, cuts)
+        if saved is not None:
+            self.runtime.restore_seq(PREFIX_SEQ, saved.data)
+            if reused < len(saved.tokens):
+                self.runtime.drop(PREFIX_SEQ, reused)
+        return reused
+
+    def cuts_to(self, cuts: Cuts, last: int) -> Cuts | None:
+        """The cuts a state saved at ``last`` remembers (None when the block rule gives them)."""
+        kept = tuple(c for c in cuts if c <= last)
+        return None if kept == self.planner.block_cuts(last) else kept
+
+    def decode_chunks(
+        self,
+        tokens: list[int],
+        spans: list[tuple[int, int]],
+        cuts: Cuts,
+        cancel: Deadline | None = None,
+        save_at: Collection[int] = (),
+    ) -> dict[int, Any]:
+        """Decode the chunks ``spans`` of ``tokens``, pinning the template head's state on the way;
+        returns the states saved at the chunk ends ``save_at``.
+
+        On a sliding-window model, a saved sequence state holds only the window's cells, so after a
+        restore the window cache has fewer cells than after a cold prefill; the CPU kernels split
+        their work by that cell count and round differently. Saving and restoring the sequence
+        after each chunk gives every prefill, cold or warm, cache on or off, the same cache layout
+        and bytes.
+        """
+        runtime = self.runtime
+        head, cache = self.planner.head_cut, self.prefix_cache
+        pin = cache.enabled and head > 0 and tokens[:head] == self.planner.head_tokens
+        saved: dict[int, Any] = {}
+        for start, end in spans:
+            runtime.decode(tokens[start:end], start, PREFIX_SEQ, False, end - start, cancel=cancel)
+            if runtime.n_swa > 0 or (pin and end == head) or end in save_at:
+                state = runtime.save_seq(PREFIX_SEQ)
+                if runtime.n_swa > 0:
+                    runtime.restore_seq(PREFIX_SEQ, state)
+                if pin and end == head:
+                    cache.pin(SavedPrefix(tuple(tokens[:head]), state, self.cuts_to(cuts, head)))
+                if end in save_at:
+                    saved[end] = state
+        return saved
+
+    def fill_shared(
+        self, prefix_tokens: list[int], cuts: Cuts, cancel: Deadline | None
+    ) -> tuple[int, int]:
+        """Invariant numerics: sequence 0 holds the prefix up to its tail; returns the tokens reused and
+        where the tail (left to the decisions' calls) starts.
+
+        Calls stop only where a state is saved (the last cut, the block before a transcript's elements
+        where a state cannot be cut back, the template head) and, on a sliding-window model, at every cut
+        (each chunk's state is saved and restored so that the window cache has one layout, see
+        ``decode_chunks``): ``stops``.
+        """
+        n = len(prefix_tokens)
+        if self.keeps(prefix_tokens, cuts):
+            return n, self.kept_until
+        runtime, cache = self.runtime, self.prefix_cache
+        key = tuple(prefix_tokens)
+        reused = self.restore(key, cuts)
+        last = cuts[-1] if cuts else 0
+        filed = [cache.checkpoint(cuts), last] if cache.enabled else []
+        chain = self.stops(cuts, filed)
+        points = [reused, *(p for p in chain if p > reused)]
+        while len(points) > 1 and points[1] - points[0] < self.min_piece:
+            del points[1]  # a reuse at any token (attention memory) may leave a short first span
+        tail_at = points[-1]
+        spans = [p for a, b in pairwise(points) for p in pieces(a, b, runtime.n_batch, self.min_piece)]
+        save_at = [p for p in filed if p in points[1:] and p != self.planner.head_cut]
+        states = self.decode_chunks(prefix_tokens, spans, cuts, cancel, save_at)
+        for p, state in states.items():
+            cache.put(SavedPrefix(key[:p], state, self.cuts_to(cuts, p)))
+        return reused, tail_at
+
+    def stops(self, cuts: Cuts, filed: Collection[int]) -> list[int]:
+        """Invariant numerics: where a prefix cut at ``cuts`` ends its calls, a function of the prompt
+        alone (so a warm prefill resumes at a stop of the cold one and continues with the same calls).
+
+        Calls stop where a state is saved (``filed``, the head) and, on a sliding-window model, at every
+        cut; a stop closer than ``min_piece`` to the one before is passed over, so no call holds a short
+        piece; the state there is not saved (and the prefix's tail starts at the stop before).
+        """
+        last = cuts[-1] if cuts else 0
+        wanted = {p for p in filed if 0 < p <= last}
+        if self.prefix_cache.enabled and 0 < self.planner.head_cut <= last:
+            wanted.add(self.planner.head_cut)
+        if self.runtime.n_swa > 0:
+            wanted.update(cuts)
+        chain: list[int] = []
+        for stop in sorted(wanted):
+            if stop - (chain[-1] if chain else 0) >= self.min_piece:
+                chain.append(stop)
+        return chain
+
+    def pin_head(self) -> None:
+        """Decode the template head once at load and pin its state: not even the first request decodes it."""
+        if not (self.prefix_cache.enabled and self.planner.head_cut > 0):
+            return
+        cuts = head_cuts(self.planner.head_cut, self.planner.block_tokens)
+        spans = chunks(cuts, 0, self.planner.head_cut)
+        if self.invariant:  # the calls any prompt makes up to the head (``stops``), if it stops there
+            points = [0, *self.stops(cuts, ())]
+            if points[-1] != self.planner.head_cut:
+                return
+            spans = [
+                p for a, b in pairwise(points) for p in pieces(a, b, self.runtime.n_batch, self.min_piece)
+            ]
+        try:
+            self.decode_chunks(self.planner.head_tokens, spans, cuts)
+        finally:
+            self.reset()
+
+    def saved_cuts(self, cuts: Cuts) -> tuple[int, ...]:
+        """Where a prefix cut at ``cuts`` files its saved states: the last cut and, where a state cannot be
+        cut back, the block before a transcript's elements; in invariant numerics only those its calls
+        stop at (``stops``)."""
+        if not (cuts and self.prefix_cache.enabled):
+            return ()
+        head = self.planner.head_cut
+        filed = [p for p in (self.prefix_cache.checkpoint(cuts), cuts[-1]) if p and p != head]
+        if self.invariant:
+            chain = self.stops(cuts, filed)
+            filed = [p for p in filed if p in chain]
+        return tuple(sorted(set(filed)))
