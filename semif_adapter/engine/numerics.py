@@ -34,6 +34,7 @@ import numpy as np
 
 from semif_adapter.engine.calls import PIECE_CANDIDATES, pieces, shares_safely
 from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime, Part
+from semif_adapter.user_cache import cache_folder
 
 log = logging.getLogger(__name__)
 
@@ -253,13 +254,7 @@ class VerdictCache:
 
     @classmethod
     def default(cls) -> VerdictCache:
-        base = os.environ.get("XDG_CACHE_HOME")
-        if not base:
-            try:
-                base = str(Path.home() / ".cache")
-            except RuntimeError:  # no home (a container user without a passwd entry): probe every start
-                return cls(None)
-        return cls(Path(base) / "semif-adapter" / "numerics")
+        return cls(cache_folder("numerics"))  # None without a home: the probe runs at every start
 
     @staticmethod
     def key(library: Path | None, gguf: Path, config: dict[str, Any]) -> str:

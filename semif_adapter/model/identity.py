@@ -18,21 +18,12 @@ import logging
 import os
 from pathlib import Path
 
+from semif_adapter import user_cache
 from semif_adapter.model.demo_models import MODELS, sha256_file
 
 log = logging.getLogger(__name__)
 
 _HEX = frozenset("0123456789abcdef")
-
-
-def _cache_folder() -> Path | None:
-    base = os.environ.get("XDG_CACHE_HOME")
-    if not base:
-        try:
-            base = str(Path.home() / ".cache")
-        except RuntimeError:  # no home directory: hash at every start
-            return None
-    return Path(base) / "semif-adapter" / "sha256"
 
 
 def _is_sha256(text: str) -> bool:
@@ -67,7 +58,7 @@ def model_sha256(path: Path, cache_folder: Path | None = None) -> str:
     pinned = demo_pin(path)
     if pinned is not None:
         return pinned
-    folder = cache_folder if cache_folder is not None else _cache_folder()
+    folder = cache_folder if cache_folder is not None else user_cache.cache_folder("sha256")
     kept = folder / f"{_key(path)}.txt" if folder is not None else None
     if kept is not None:
         try:
