@@ -204,12 +204,6 @@ def env_value(value: object) -> str:
     return str(value)
 
 
-def fail(message: str) -> int:
-    """Print one clear line to stderr and return the exit status for it."""
-    print(f"error: {message}", file=sys.stderr)
-    return 2
-
-
 CODEBUILD_TRUST = {
     "Version": "2012-10-17",
     "Statement": [

@@ -8,10 +8,11 @@ line that says what went wrong, instead of a traceback.
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from semif_ops.exits import render
 
 PROG = "semif-ops"
 
@@ -91,40 +92,6 @@ def _usage_exit(message: str) -> SystemExit:
     return SystemExit(2)
 
 
-# Refusals whose message already says what to pass (semif_ops.errors, the layout probe, the engine's
-# binding and model checks), matched by name so that explaining one imports nothing heavy or missing.
-REFUSALS = frozenset({"UsageError", "AbiError", "BindingError", "ModelLoadError"})
-
-
-def explain(exc: BaseException) -> str | None:
-    """One line for an error an operator can cause and fix; None for a defect (let it raise)."""
-    if any(
-        cls.__name__ in REFUSALS and cls.__module__.startswith(("semif_ops.", "semif_adapter."))
-        for cls in type(exc).__mro__
-    ):
-        return str(exc)
-    if type(exc).__module__.startswith("botocore"):  # boto3 is only there with the ops extra
-        return _aws_error(exc)
-    if isinstance(exc, subprocess.CalledProcessError):
-        command = exc.cmd if isinstance(exc.cmd, str) else " ".join(map(str, exc.cmd))
-        return f"`{command}` failed with exit status {exc.returncode}"
-    if isinstance(exc, OSError) and exc.filename is not None:
-        return f"{exc.strerror or exc}: {exc.filename}"
-    return None
-
-
-def _aws_error(exc: BaseException) -> str | None:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from semif_ops.aws import describe
-
-    if isinstance(exc, ClientError):
-        return describe(exc)
-    if isinstance(exc, BotoCoreError):  # no credentials or region, unknown profile, endpoint unreachable
-        return f"{exc} (set AWS credentials and a region: --profile/--region or the AWS_* variables)"
-    return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -142,8 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        message = explain(exc)
-        if message is None:
+        code = render(exc)
+        if code is None:
             raise
-        print(f"error: {message}", file=sys.stderr)
-        return 1
+        return code

@@ -27,6 +27,8 @@ from botocore.exceptions import ClientError
 
 from semif_ops import aws
 from semif_ops.endpoint import sagemaker
+from semif_ops.errors import OperationFailed
+from semif_ops.exits import command
 
 MIB = 1024 * 1024
 CONTAINER_BODY_LIMIT = 6 * MIB  # SEMIF_MAX_BODY_BYTES default
@@ -315,7 +317,7 @@ def report(args: argparse.Namespace, described: dict[str, Any]) -> int:
     status = described["TransformJobStatus"]
     if status != "Completed":
         reason = described.get("FailureReason") or "no failure reason given"
-        return aws.fail(f"transform job {args.job_name} is {status}: {reason}")
+        raise OperationFailed(f"transform job {args.job_name} is {status}: {reason}")
     print(f"transform job {args.job_name} Completed; results under {args.output_s3}")
     s3 = aws.client("s3", region=args.region, profile=args.profile)
     for uri in output_objects(s3, args.output_s3):
@@ -383,16 +385,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     aws.add_session_args(parser)
 
 
+@command
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        image, environment = validate(args)
-    except aws.UsageError as exc:
-        return aws.fail(str(exc))
+    image, environment = validate(args)
     stop_hint = f"semif-ops endpoint batch --stop {args.job_name}"
     try:
         sm = aws.client("sagemaker", region=args.region, profile=args.profile)
@@ -405,14 +405,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             return 0
         described = wait_done(sm, args.job_name, timeout_s=args.timeout, interval_s=args.poll)
         return report(args, described)
-    except aws.UsageError as exc:
-        return aws.fail(str(exc))
-    except ClientError as exc:
-        return aws.fail(f"AWS: {exc}")
     except TimeoutError as exc:
-        return aws.fail(f"{exc}; the job keeps running (and billing): {stop_hint}")
+        raise OperationFailed(f"{exc}; the job keeps running (and billing): {stop_hint}") from None
     except KeyboardInterrupt:
-        return aws.fail(f"interrupted; the job keeps running (and billing): {stop_hint}")
+        raise OperationFailed(f"interrupted; the job keeps running (and billing): {stop_hint}") from None
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from botocore.exceptions import ClientError
 from semif_ops import aws
 from semif_ops.endpoint.autoscaling import remove_scaling
 from semif_ops.endpoint.sagemaker import VARIANT
+from semif_ops.exits import command
 
 ACCESS_DENIED = {"AccessDenied", "AccessDeniedException"}
 # The IAM action prefix of each autoscaling call cleanup makes; the rest are application-autoscaling's.
@@ -98,9 +99,7 @@ def cleanup(
     if autoscaling is not None:
         for variant in variants_of(described, config):
             try:
-                done += remove_scaling(
-                    autoscaling, cloudwatch, endpoint=endpoint, variant=variant
-                )
+                done += remove_scaling(autoscaling, cloudwatch, endpoint=endpoint, variant=variant)
             except ClientError as exc:
                 if aws.error_code(exc) in ACCESS_DENIED:
                     raise missing_permission(exc, endpoint) from exc
@@ -145,6 +144,7 @@ def remaining(sm: Any, name: str) -> list[str]:
     return left
 
 
+@command
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -156,24 +156,19 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--poll", type=float, default=15)
     aws.add_session_args(parser)
     args = parser.parse_args(argv)
-    try:
-        sm = aws.client("sagemaker", region=args.region, profile=args.profile)
-        for line in cleanup(
-            sm,
-            args.endpoint,
-            config_name=args.endpoint_config,
-            models=list(args.model),
-            timeout_s=args.timeout,
-            interval_s=args.poll,
-            autoscaling=aws.client("application-autoscaling", region=args.region, profile=args.profile),
-            cloudwatch=aws.client("cloudwatch", region=args.region, profile=args.profile),
-        ):
-            print(line)
-        left = remaining(sm, args.endpoint)
-    except ClientError as exc:
-        return aws.fail(f"AWS: {exc}")
-    except (aws.UsageError, TimeoutError) as exc:
-        return aws.fail(str(exc))
+    sm = aws.client("sagemaker", region=args.region, profile=args.profile)
+    for line in cleanup(
+        sm,
+        args.endpoint,
+        config_name=args.endpoint_config,
+        models=list(args.model),
+        timeout_s=args.timeout,
+        interval_s=args.poll,
+        autoscaling=aws.client("application-autoscaling", region=args.region, profile=args.profile),
+        cloudwatch=aws.client("cloudwatch", region=args.region, profile=args.profile),
+    ):
+        print(line)
+    left = remaining(sm, args.endpoint)
     print("remaining: " + ("; ".join(left) if left else f"nothing named *{args.endpoint}*"))
     return 0
 

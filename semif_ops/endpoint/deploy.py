@@ -29,10 +29,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from semif_ops import aws
 from semif_ops.endpoint.sagemaker import ROLE_ARN, VARIANT, create_model
+from semif_ops.errors import OperationFailed
+from semif_ops.exits import command
 
 NAME = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,40}$")
 MAX_POOLS = 5
@@ -236,41 +236,37 @@ def run(
         provision_timeout_s=args.provision_timeout,
     )
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    try:
-        sm = aws.client("sagemaker", region=args.region, profile=args.profile)
-        model_name, config_name = deploy(
-            sm,
-            endpoint=args.name,
-            image=image,
-            model_data=args.model_data,
-            role_arn=args.role_arn,
-            environment=environment,
-            variant=variant,
-            stamp=stamp,
-            async_config=async_config,
+    sm = aws.client("sagemaker", region=args.region, profile=args.profile)
+    model_name, config_name = deploy(
+        sm,
+        endpoint=args.name,
+        image=image,
+        model_data=args.model_data,
+        role_arn=args.role_arn,
+        environment=environment,
+        variant=variant,
+        stamp=stamp,
+        async_config=async_config,
+    )
+    print(f"creating endpoint {args.name} (model {model_name}, config {config_name})")
+    if async_config:
+        print(
+            f"asynchronous: answers go to {async_config['OutputConfig']['S3OutputPath']}; invoke with "
+            f"semif-ops endpoint invoke --async --endpoint {args.name} "
+            f"--input-s3 s3://<bucket>/<prefix> --invocation-timeout {args.invocation_timeout} "
+            "--request <file>"
         )
-        print(f"creating endpoint {args.name} (model {model_name}, config {config_name})")
-        if async_config:
-            print(
-                f"asynchronous: answers go to {async_config['OutputConfig']['S3OutputPath']}; invoke with "
-                f"semif-ops endpoint invoke --async --endpoint {args.name} "
-                f"--input-s3 s3://<bucket>/<prefix> --invocation-timeout {args.invocation_timeout} "
-                "--request <file>"
-            )
-        print("billing runs until deleted: semif-ops endpoint cleanup --endpoint " + args.name)
-        if not args.wait:
-            return 0
-        status, reason = wait_in_service(sm, args.name, timeout_s=args.timeout, interval_s=args.poll)
-    except ClientError as exc:
-        return aws.fail(f"AWS: {exc}")
-    except TimeoutError as exc:
-        return aws.fail(str(exc))
+    print("billing runs until deleted: semif-ops endpoint cleanup --endpoint " + args.name)
+    if not args.wait:
+        return 0
+    status, reason = wait_in_service(sm, args.name, timeout_s=args.timeout, interval_s=args.poll)
     if status != "InService":
-        return aws.fail(f"endpoint {args.name} is {status}: {reason or 'no failure reason given'}")
+        raise OperationFailed(f"endpoint {args.name} is {status}: {reason or 'no failure reason given'}")
     print(f"endpoint {args.name} is InService")
     return 0
 
 
+@command
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -292,11 +288,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     )
     add_async_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        image, extra = validate_common(args)
-        async_config = validate_async(args)
-    except aws.UsageError as exc:
-        return aws.fail(str(exc))
+    image, extra = validate_common(args)
+    async_config = validate_async(args)
     environment = {
         env: aws.env_value(getattr(args, dest))
         for dest, env in SETTING_FLAGS.items()

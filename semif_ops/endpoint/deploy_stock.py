@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from semif_ops import aws
 from semif_ops.endpoint import deploy
+from semif_ops.exits import command
 
 FLAG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
@@ -35,6 +36,7 @@ def llama_environment(ctx_size: int, gpu_layers: int | None, flags: Sequence[str
     return environment
 
 
+@command
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -46,11 +48,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         "--llama-arg", action="append", default=[], metavar="FLAG=VALUE", help="any llama-server flag"
     )
     args = parser.parse_args(argv)
-    try:
-        image, extra = deploy.validate_common(args)
-        environment = llama_environment(args.ctx_size, args.gpu_layers, args.llama_arg)
-    except aws.UsageError as exc:
-        return aws.fail(str(exc))
+    image, extra = deploy.validate_common(args)
+    environment = llama_environment(args.ctx_size, args.gpu_layers, args.llama_arg)
     environment.update(extra)
     return deploy.run(args, environment, image)
 

@@ -30,6 +30,8 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from semif_ops import aws
+from semif_ops.errors import OperationFailed
+from semif_ops.exits import command
 
 BODY_KEYS = ("decision", "decisions", "questions")
 JSONLINES_SUFFIXES = (".jsonl", ".ndjson")
@@ -303,17 +305,16 @@ def run_async(args: argparse.Namespace, body: bytes, content_type: str) -> int:
         succeeded, content = wait_for_result(
             s3, output=output, failure=failure, timeout_s=wait_s, interval_s=args.poll
         )
-    except ClientError as exc:
-        return aws.fail(aws.describe(exc))
     except TimeoutError as exc:
-        return aws.fail(f"{exc}; the answer will appear at {output}")
+        raise OperationFailed(f"{exc}; the answer will appear at {output}") from None
     if not succeeded:
         detail = content.decode("utf-8", errors="replace").strip().replace("\n", " ")
-        return aws.fail(f"async inference failed ({failure}): {detail}")
+        raise OperationFailed(f"async inference failed ({failure}): {detail}")
     print_answer(content, content_type)
     return 0
 
 
+@command
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -324,26 +325,20 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     )
     add_async_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        validate_async(args)
-        body, content_type = load_body(args.request)
-    except aws.UsageError as exc:
-        return aws.fail(str(exc))
+    validate_async(args)
+    body, content_type = load_body(args.request)
     if args.async_mode:
         return run_async(args, body, content_type)
-    try:
-        response = invoke_with_retry(
-            runtime_client(args),
-            endpoint=args.endpoint,
-            body=body,
-            content_type=content_type,
-            accept=content_type,
-            max_attempts=args.max_attempts,
-            base_s=args.base_delay,
-            cap_s=args.max_delay,
-        )
-    except ClientError as exc:
-        return aws.fail(aws.describe(exc))
+    response = invoke_with_retry(
+        runtime_client(args),
+        endpoint=args.endpoint,
+        body=body,
+        content_type=content_type,
+        accept=content_type,
+        max_attempts=args.max_attempts,
+        base_s=args.base_delay,
+        cap_s=args.max_delay,
+    )
     print_answer(response["Body"], content_type)
     return 0
 

@@ -10,10 +10,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from botocore.exceptions import ClientError
-
-from semif_ops import aws
 from semif_ops.endpoint import invoke
+from semif_ops.errors import OperationFailed
+from semif_ops.exits import command
 
 
 def chat_payload(prompt: str, *, system: str | None, max_tokens: int, temperature: float) -> dict[str, Any]:
@@ -23,6 +22,7 @@ def chat_payload(prompt: str, *, system: str | None, max_tokens: int, temperatur
     return {"messages": messages, "max_tokens": max_tokens, "temperature": temperature}
 
 
+@command
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -37,22 +37,19 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     payload = chat_payload(
         args.prompt, system=args.system, max_tokens=args.max_tokens, temperature=args.temperature
     )
-    try:
-        response = invoke.invoke_with_retry(
-            invoke.runtime_client(args),
-            endpoint=args.endpoint,
-            body=json.dumps(payload).encode(),
-            max_attempts=args.max_attempts,
-            base_s=args.base_delay,
-            cap_s=args.max_delay,
-        )
-    except ClientError as exc:
-        return aws.fail(aws.describe(exc))
+    response = invoke.invoke_with_retry(
+        invoke.runtime_client(args),
+        endpoint=args.endpoint,
+        body=json.dumps(payload).encode(),
+        max_attempts=args.max_attempts,
+        base_s=args.base_delay,
+        cap_s=args.max_delay,
+    )
     try:
         answer = json.loads(response["Body"])
         text = answer["choices"][0]["message"]["content"]
     except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-        return aws.fail(f"unexpected response: {response['Body'][:500]!r}")
+        raise OperationFailed(f"unexpected response: {response['Body'][:500]!r}") from None
     print(json.dumps(answer, indent=2) if args.raw else text)
     return 0
 

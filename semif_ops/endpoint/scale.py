@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from semif_ops import aws
 from semif_ops.endpoint.autoscaling import (
     DIMENSION,
@@ -36,6 +34,7 @@ from semif_ops.endpoint.autoscaling import (
     resource_id,
 )
 from semif_ops.endpoint.sagemaker import VARIANT
+from semif_ops.exits import command
 
 MAX_COOLDOWN_S = 86400
 
@@ -91,9 +90,7 @@ def check_endpoint(sm: Any, endpoint: str, variant: str, metric: str) -> None:
         )
     variants = [v["VariantName"] for v in described.get("ProductionVariants", [])]
     if variants and variant not in variants:
-        raise aws.UsageError(
-            f"endpoint {endpoint} has no variant {variant!r} (it has {', '.join(variants)})"
-        )
+        raise aws.UsageError(f"endpoint {endpoint} has no variant {variant!r} (it has {', '.join(variants)})")
     config = sm.describe_endpoint_config(EndpointConfigName=described["EndpointConfigName"])
     is_async = bool(config.get("AsyncInferenceConfig"))
     if is_async and metric != "backlog":
@@ -217,6 +214,7 @@ def validate(args: argparse.Namespace) -> None:
         aws.check_range(flag, value, 0, MAX_COOLDOWN_S, " seconds")
 
 
+@command
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -237,38 +235,30 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser.add_argument("--remove", action="store_true", help="delete the policies and the scalable target")
     aws.add_session_args(parser)
     args = parser.parse_args(argv)
-    try:
-        validate(args)
-    except aws.UsageError as exc:
-        return aws.fail(str(exc))
-    try:
-        aas = aws.client("application-autoscaling", region=args.region, profile=args.profile)
-        cw = aws.client("cloudwatch", region=args.region, profile=args.profile)
-        if args.remove:
-            lines = remove_scaling(aas, cw, endpoint=args.endpoint, variant=args.variant)
-        else:
-            check_endpoint(
-                aws.client("sagemaker", region=args.region, profile=args.profile),
-                args.endpoint,
-                args.variant,
-                args.metric,
-            )
-            lines = apply_scaling(
-                aas,
-                cw,
-                endpoint=args.endpoint,
-                variant=args.variant,
-                min_capacity=args.min,
-                max_capacity=args.max,
-                metric=args.metric,
-                target=args.target,
-                scale_in_cooldown=args.scale_in_cooldown,
-                scale_out_cooldown=args.scale_out_cooldown,
-            )
-    except aws.UsageError as exc:
-        return aws.fail(str(exc))
-    except ClientError as exc:
-        return aws.fail(f"AWS: {exc}")
+    validate(args)
+    aas = aws.client("application-autoscaling", region=args.region, profile=args.profile)
+    cw = aws.client("cloudwatch", region=args.region, profile=args.profile)
+    if args.remove:
+        lines = remove_scaling(aas, cw, endpoint=args.endpoint, variant=args.variant)
+    else:
+        check_endpoint(
+            aws.client("sagemaker", region=args.region, profile=args.profile),
+            args.endpoint,
+            args.variant,
+            args.metric,
+        )
+        lines = apply_scaling(
+            aas,
+            cw,
+            endpoint=args.endpoint,
+            variant=args.variant,
+            min_capacity=args.min,
+            max_capacity=args.max,
+            metric=args.metric,
+            target=args.target,
+            scale_in_cooldown=args.scale_in_cooldown,
+            scale_out_cooldown=args.scale_out_cooldown,
+        )
     for line in lines:
         print(line)
     return 0

@@ -27,6 +27,8 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from semif_ops import aws
+from semif_ops.errors import OperationFailed, UsageError
+from semif_ops.exits import command
 from semif_ops.image import dockerfile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +41,7 @@ SOURCE_FILES = (
     ".dockerignore",
     "model-manifest.json",
     "semif_ops/__init__.py",
+    "semif_ops/exits.py",
     "semif_ops/image/__init__.py",
     "semif_ops/image/abi.py",
     "semif_ops/image/check.py",
@@ -188,6 +191,7 @@ def local_commands(
     )
 
 
+@command
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -219,13 +223,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
 
     if problem := dockerfile.check_base_image(args.base_image):
-        return aws.fail(problem)
+        raise UsageError(problem)
     if args.variant == "gpu" and args.platform != "linux/amd64":
-        return aws.fail("the CUDA DLC is x86_64 only; use --platform linux/amd64 for --variant gpu")
+        raise UsageError("the CUDA DLC is x86_64 only; use --platform linux/amd64 for --variant gpu")
     try:
         _, build_args = prepared_context(args.context, args.platform)
     except ValueError as exc:
-        return aws.fail(str(exc))
+        raise UsageError(str(exc)) from None
     llama = dict(a.split("=", 1) for a in build_args if "=" in a)
     repository = args.repository or f"semif-adapter-{args.variant}"
     tag = args.tag or f"{args.variant}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
@@ -244,77 +248,72 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             )
         )
         return 0
-    try:
-        ecr = aws.client("ecr", **session)
-        s3 = aws.client("s3", **session)
-        cb = aws.client("codebuild", **session)
-        repository_uri = ensure_repository(ecr, repository)
-        repository_arn = ecr.describe_repositories(repositoryNames=[repository])["repositories"][0][
-            "repositoryArn"
-        ]
-        aws.ensure_bucket(s3, args.bucket)
-        key = f"{args.prefix.strip('/')}/source-{tag}.zip"
-        s3.put_object(Bucket=args.bucket, Key=key, Body=source_zip(ROOT, args.context))
-        role_arn = args.role_arn or aws.ensure_codebuild_role(
-            aws.client("iam", **session), "semif-codebuild", role_policy(args.bucket, repository_arn)
-        )
-        env_type, image = CODEBUILD_IMAGES[args.platform]
-        aws.ensure_codebuild_project(
-            cb,
-            {
-                "name": project,
-                "description": "Builds semif-adapter images (semif-ops image build)",
-                "source": {"type": "S3", "location": f"{args.bucket}/{key}", "buildspec": buildspec()},
-                "artifacts": {"type": "NO_ARTIFACTS"},
-                "environment": {
-                    "type": env_type,
-                    "image": image,
-                    "computeType": args.compute_type,
-                    "privilegedMode": True,
-                },
-                "serviceRole": role_arn,
-                "timeoutInMinutes": 120,
+    ecr = aws.client("ecr", **session)
+    s3 = aws.client("s3", **session)
+    cb = aws.client("codebuild", **session)
+    repository_uri = ensure_repository(ecr, repository)
+    repository_arn = ecr.describe_repositories(repositoryNames=[repository])["repositories"][0][
+        "repositoryArn"
+    ]
+    aws.ensure_bucket(s3, args.bucket)
+    key = f"{args.prefix.strip('/')}/source-{tag}.zip"
+    s3.put_object(Bucket=args.bucket, Key=key, Body=source_zip(ROOT, args.context))
+    role_arn = args.role_arn or aws.ensure_codebuild_role(
+        aws.client("iam", **session), "semif-codebuild", role_policy(args.bucket, repository_arn)
+    )
+    env_type, image = CODEBUILD_IMAGES[args.platform]
+    aws.ensure_codebuild_project(
+        cb,
+        {
+            "name": project,
+            "description": "Builds semif-adapter images (semif-ops image build)",
+            "source": {"type": "S3", "location": f"{args.bucket}/{key}", "buildspec": buildspec()},
+            "artifacts": {"type": "NO_ARTIFACTS"},
+            "environment": {
+                "type": env_type,
+                "image": image,
+                "computeType": args.compute_type,
+                "privilegedMode": True,
             },
+            "serviceRole": role_arn,
+            "timeoutInMinutes": 120,
+        },
+    )
+    variables = {
+        "VARIANT": args.variant,
+        "BASE_IMAGE": args.base_image,
+        "PLATFORM": args.platform,
+        "REPOSITORY_URI": repository_uri,
+        "IMAGE_TAG": tag,
+        "LLAMA_CPP_VERSION": llama.get("LLAMA_CPP_VERSION", ""),
+        "LLAMA_CPP_COMMIT": llama.get("LLAMA_CPP_COMMIT", ""),
+    }
+    record = aws.run_codebuild(
+        cb,
+        project=project,
+        overrides={
+            "sourceTypeOverride": "S3",
+            "sourceLocationOverride": f"{args.bucket}/{key}",
+            "buildspecOverride": buildspec(),
+            "imageOverride": image,
+            "environmentTypeOverride": env_type,
+            "environmentVariablesOverride": [
+                {"name": k, "value": v, "type": "PLAINTEXT"} for k, v in variables.items()
+            ],
+        },
+        timeout_s=args.timeout,
+        interval_s=args.poll,
+    )
+    if record.get("buildStatus") != "SUCCEEDED":
+        raise OperationFailed(
+            f"CodeBuild {record.get('id')} ended {record.get('buildStatus')} in phase "
+            f"{record.get('currentPhase')}; see its CloudWatch logs"
         )
-        variables = {
-            "VARIANT": args.variant,
-            "BASE_IMAGE": args.base_image,
-            "PLATFORM": args.platform,
-            "REPOSITORY_URI": repository_uri,
-            "IMAGE_TAG": tag,
-            "LLAMA_CPP_VERSION": llama.get("LLAMA_CPP_VERSION", ""),
-            "LLAMA_CPP_COMMIT": llama.get("LLAMA_CPP_COMMIT", ""),
-        }
-        record = aws.run_codebuild(
-            cb,
-            project=project,
-            overrides={
-                "sourceTypeOverride": "S3",
-                "sourceLocationOverride": f"{args.bucket}/{key}",
-                "buildspecOverride": buildspec(),
-                "imageOverride": image,
-                "environmentTypeOverride": env_type,
-                "environmentVariablesOverride": [
-                    {"name": k, "value": v, "type": "PLAINTEXT"} for k, v in variables.items()
-                ],
-            },
-            timeout_s=args.timeout,
-            interval_s=args.poll,
-        )
-        if record.get("buildStatus") != "SUCCEEDED":
-            return aws.fail(
-                f"CodeBuild {record.get('id')} ended {record.get('buildStatus')} in phase "
-                f"{record.get('currentPhase')}; see its CloudWatch logs"
-            )
-        details = ecr.describe_images(repositoryName=repository, imageIds=[{"imageTag": tag}])
-        digest = str(details["imageDetails"][0]["imageDigest"])
-    except ClientError as exc:
-        return aws.fail(f"AWS: {exc}")
-    except TimeoutError as exc:
-        return aws.fail(str(exc))
+    details = ecr.describe_images(repositoryName=repository, imageIds=[{"imageTag": tag}])
+    digest = str(details["imageDetails"][0]["imageDigest"])
     exported = {v["name"]: v["value"] for v in record.get("exportedEnvironmentVariables", []) if "name" in v}
     if exported.get("IMAGE_DIGEST") and exported["IMAGE_DIGEST"] != digest:
-        return aws.fail(f"build reported {exported['IMAGE_DIGEST']} but ECR has {digest} for tag {tag}")
+        raise OperationFailed(f"build reported {exported['IMAGE_DIGEST']} but ECR has {digest} for tag {tag}")
     print("# equivalent local build:", file=sys.stderr)
     print(
         local_commands(args.variant, args.platform, args.base_image, repository_uri, tag, build_args),

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from semif_ops.exits import command
 from semif_ops.image import dockerfile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +30,7 @@ def find_hadolint() -> str | None:
     return shutil.which("hadolint") or (str(beside) if beside.is_file() else None)
 
 
+@command
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from semif_ops.cache import cache_home
+from semif_ops.errors import OperationFailed
+from semif_ops.exits import command
 from semif_ops.image import abi
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +79,7 @@ def retag_pure(wheel: Path, out_dir: Path) -> Path:
         names = src.namelist()
         native = [n for n in names if n.endswith(NATIVE_SUFFIXES) or src.read(n)[:4] == b"\x7fELF"]
         if native:
-            raise SystemExit(f"error: {wheel.name} is not pure Python (contains {', '.join(native[:5])})")
+            raise OperationFailed(f"{wheel.name} is not pure Python (contains {', '.join(native[:5])})")
         dist_info = next(n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info"))
         name, version = dist_info[: -len(".dist-info")].rsplit("-", 1)
         target = out_dir / f"{name}-{version}-py3-none-any.whl"
@@ -151,6 +153,7 @@ def write_headers(source: Path, root: Path, version: str | None, commit: str | N
     return {**meta, "path": str(target)}
 
 
+@command
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -24,6 +24,7 @@ from semif_adapter.errors import ModelLoadError
 from semif_adapter.model.calibration import Calibration
 from semif_adapter.model.manifest import MANIFEST_NAME, ModelManifest, load_manifest
 from semif_ops import aws
+from semif_ops.exits import command
 
 ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION_NAME = "calibration.json"
@@ -130,6 +131,7 @@ def upload(output: Path, uri: str, *, region: str | None, profile: str | None) -
         s3.upload_file(str(output), bucket, key, Callback=bar.update)
 
 
+@command
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -156,34 +158,31 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     aws.add_session_args(parser)
     args = parser.parse_args(argv)
 
-    try:
-        if args.upload:
-            aws.parse_model_data(args.upload)  # refuse a bad URI before hours of work
-        manifest = load_manifest(args.manifest)
-        manifest_bytes = args.manifest.read_bytes()
-        if args.output.exists() and not args.force:
-            raise aws.UsageError(f"{args.output} exists; pass --force to replace it")
-        if args.gguf is not None:
-            if not args.gguf.is_file():
-                raise aws.UsageError(f"GGUF not found: {args.gguf}")
-            gguf = args.gguf
-        else:
-            gguf = download(manifest, args.cache_dir)
-        calibration = args.calibration
-        if calibration is None and (gguf.parent / CALIBRATION_NAME).is_file():
-            calibration = gguf.parent / CALIBRATION_NAME
-        if calibration is not None and not calibration.is_file():
-            raise aws.UsageError(f"calibration file not found: {calibration}")
-        digest = build_archive(
-            gguf=gguf,
-            manifest=manifest,
-            manifest_bytes=manifest_bytes,
-            output=args.output,
-            calibration=calibration,
-            compress_level=args.compress_level,
-        )
-    except (aws.UsageError, ModelLoadError) as exc:
-        return aws.fail(str(exc))
+    if args.upload:
+        aws.parse_model_data(args.upload)  # refuse a bad URI before hours of work
+    manifest = load_manifest(args.manifest)
+    manifest_bytes = args.manifest.read_bytes()
+    if args.output.exists() and not args.force:
+        raise aws.UsageError(f"{args.output} exists; pass --force to replace it")
+    if args.gguf is not None:
+        if not args.gguf.is_file():
+            raise aws.UsageError(f"GGUF not found: {args.gguf}")
+        gguf = args.gguf
+    else:
+        gguf = download(manifest, args.cache_dir)
+    calibration = args.calibration
+    if calibration is None and (gguf.parent / CALIBRATION_NAME).is_file():
+        calibration = gguf.parent / CALIBRATION_NAME
+    if calibration is not None and not calibration.is_file():
+        raise aws.UsageError(f"calibration file not found: {calibration}")
+    digest = build_archive(
+        gguf=gguf,
+        manifest=manifest,
+        manifest_bytes=manifest_bytes,
+        output=args.output,
+        calibration=calibration,
+        compress_level=args.compress_level,
+    )
     print(
         f"wrote {args.output} ({manifest.file}, sha256 {digest}"
         f"{', with ' + CALIBRATION_NAME if calibration else ''})"

@@ -18,11 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from botocore.exceptions import ClientError
-
-from semif_adapter.errors import ModelLoadError
 from semif_adapter.model.manifest import MANIFEST_NAME, ModelManifest, load_manifest
 from semif_ops import aws
+from semif_ops.errors import OperationFailed
+from semif_ops.exits import command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,6 +85,7 @@ def role_policy(source_bucket: str, output_bucket: str, output_key: str) -> dict
     }
 
 
+@command
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -104,59 +104,51 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     aws.add_session_args(parser)
     args = parser.parse_args(argv)
 
-    try:
-        out_bucket, out_key = aws.parse_model_data(args.output)
-        manifest = load_manifest(args.manifest)
-    except (aws.UsageError, ModelLoadError) as exc:
-        return aws.fail(str(exc))
+    out_bucket, out_key = aws.parse_model_data(args.output)
+    manifest = load_manifest(args.manifest)
     spec = buildspec(manifest, args.output)
     if args.write:
         args.write.write_text(spec + "\n", encoding="utf-8")
     session = {"region": args.region, "profile": args.profile}
     key = f"{args.prefix.strip('/')}/{manifest.file}.zip"
-    try:
-        s3 = aws.client("s3", **session)
-        aws.ensure_bucket(s3, args.bucket)
-        s3.put_object(Bucket=args.bucket, Key=key, Body=source_zip(spec, args.manifest.read_bytes()))
-        role_arn = args.role_arn or aws.ensure_codebuild_role(
-            aws.client("iam", **session),
-            "semif-model-build",
-            role_policy(args.bucket, out_bucket, out_key),
-        )
-        cb = aws.client("codebuild", **session)
-        aws.ensure_codebuild_project(
-            cb,
-            {
-                "name": args.project,
-                "description": f"Downloads, verifies and packages {manifest.file} into {args.output}",
-                "source": {"type": "S3", "location": f"{args.bucket}/{key}"},
-                "artifacts": {"type": "NO_ARTIFACTS"},
-                "environment": {
-                    "type": "LINUX_CONTAINER",
-                    "image": "aws/codebuild/amazonlinux-x86_64-standard:5.0",
-                    "computeType": "BUILD_GENERAL1_MEDIUM",
-                },
-                "serviceRole": role_arn,
-                "timeoutInMinutes": 120,
+    s3 = aws.client("s3", **session)
+    aws.ensure_bucket(s3, args.bucket)
+    s3.put_object(Bucket=args.bucket, Key=key, Body=source_zip(spec, args.manifest.read_bytes()))
+    role_arn = args.role_arn or aws.ensure_codebuild_role(
+        aws.client("iam", **session),
+        "semif-model-build",
+        role_policy(args.bucket, out_bucket, out_key),
+    )
+    cb = aws.client("codebuild", **session)
+    aws.ensure_codebuild_project(
+        cb,
+        {
+            "name": args.project,
+            "description": f"Downloads, verifies and packages {manifest.file} into {args.output}",
+            "source": {"type": "S3", "location": f"{args.bucket}/{key}"},
+            "artifacts": {"type": "NO_ARTIFACTS"},
+            "environment": {
+                "type": "LINUX_CONTAINER",
+                "image": "aws/codebuild/amazonlinux-x86_64-standard:5.0",
+                "computeType": "BUILD_GENERAL1_MEDIUM",
             },
-        )
-        print(f"project {args.project}: source s3://{args.bucket}/{key} -> {args.output}")
-        if not args.start:
-            print(f"start it with: aws codebuild start-build --project-name {args.project}")
-            return 0
-        if not args.wait:
-            build = cb.start_build(projectName=args.project)["build"]
-            print(f"started {build['id']}")
-            return 0
-        record = aws.run_codebuild(
-            cb, project=args.project, overrides={}, timeout_s=args.timeout, interval_s=args.poll
-        )
-    except ClientError as exc:
-        return aws.fail(f"AWS: {exc}")
-    except TimeoutError as exc:
-        return aws.fail(str(exc))
+            "serviceRole": role_arn,
+            "timeoutInMinutes": 120,
+        },
+    )
+    print(f"project {args.project}: source s3://{args.bucket}/{key} -> {args.output}")
+    if not args.start:
+        print(f"start it with: aws codebuild start-build --project-name {args.project}")
+        return 0
+    if not args.wait:
+        build = cb.start_build(projectName=args.project)["build"]
+        print(f"started {build['id']}")
+        return 0
+    record = aws.run_codebuild(
+        cb, project=args.project, overrides={}, timeout_s=args.timeout, interval_s=args.poll
+    )
     if record.get("buildStatus") != "SUCCEEDED":
-        return aws.fail(f"model build {record.get('id')} ended {record.get('buildStatus')}")
+        raise OperationFailed(f"model build {record.get('id')} ended {record.get('buildStatus')}")
     print(f"model packaged: {args.output}")
     return 0
 

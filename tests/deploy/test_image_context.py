@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from semif_ops.errors import OperationFailed
 from semif_ops.image import abi as llama_abi
 from semif_ops.image import context as prepare_image_context
 from tests.helpers.deploy import REPO_ROOT
@@ -151,7 +152,7 @@ def test_wheel_with_native_code_is_not_retagged(tmp_path: Path) -> None:
         tmp_path / "demo-1.0-cp311-cp311-linux_x86_64.whl",
         {"demo/__init__.py": b"", "demo/lib/libggml-base.bin": b"\x7fELF\x02\x01"},
     )
-    with pytest.raises(SystemExit, match=r"not pure Python \(contains demo/lib/libggml-base.bin\)"):
+    with pytest.raises(OperationFailed, match=r"not pure Python \(contains demo/lib/libggml-base.bin\)"):
         prepare_image_context.retag_pure(built, tmp_path)
 
 
