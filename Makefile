@@ -13,19 +13,25 @@ PIP := $(PY) -m pip
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
 DEMO_MODEL ?= qwen
 
-.PHONY: serve test test-fast golden test-image lint install install-test models bench bench-peer clean image-context sdists gpu-bundle
+.PHONY: serve test test-fast golden reference-kernels test-image lint install install-test models bench bench-peer clean image-context sdists gpu-bundle
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
 # llama-cpp-python is compiled once per set of flags into a wheel of our own (pip's cache would reuse a
-# wheel built with other flags). x86_64: AVX2-level code instead of -march=native, because ggml's AMX
-# kernels (picked by -march=native on CPUs that advertise AMX) crash in llama_decode on some VMs.
+# wheel built with other flags). LLAMA_KERNELS=native (default) compiles for the CPU it is built on
+# (-march=native: AVX-512 where the machine has it), so the cache key includes the CPU's feature flags;
+# LLAMA_KERNELS=avx2 compiles the portable x86-64 AVX2 level the stand-in images run. LLAMA_CMAKE_ARGS
+# overrides both. Native builds compile ggml's AMX kernels on CPUs that advertise AMX; the engine keeps
+# its AMX buffer type off there (SEMIF_CPU_EXTRA_BUFFERS, docs/configuration.md).
 LLAMA_CPP_PYTHON := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml | head -n 1)
-LLAMA_CMAKE_ARGS ?= $(if $(filter x86_64,$(shell uname -m)),-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+LLAMA_KERNELS ?= native
+AVX2_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+LLAMA_CMAKE_ARGS ?= $(if $(filter avx2,$(LLAMA_KERNELS)),$(AVX2_CMAKE_ARGS),-DGGML_NATIVE=ON)
+CPU_KEY := $(shell grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null | sha256sum | cut -c1-16)
 CACHE_HOME := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)
-WHEEL_DIR := $(CACHE_HOME)/semif-adapter/wheels/$(shell echo '$(LLAMA_CPP_PYTHON) $(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-16)
+WHEEL_DIR := $(CACHE_HOME)/semif-adapter/wheels/$(shell echo '$(LLAMA_CPP_PYTHON) $(LLAMA_CMAKE_ARGS) $(CPU_KEY)' | sha256sum | cut -c1-16)
 FIND_WHEEL := --find-links $(WHEEL_DIR)
 
 $(WHEEL_DIR)/.built: | $(PY)
@@ -59,12 +65,17 @@ lint: install-test
 	$(PY) -m mypy
 	$(PY) -m semif_ops image check --hadolint
 
-test: models lint
+test: models reference-kernels lint
 	$(PY) -m pytest -q
+
+# The reference kernels the golden answers are checked on everywhere: llama.cpp built as the DLC builds
+# it, with the portable x64 and AVX2 CPU plugins (the stand-in base's libraries; cached, built once).
+reference-kernels: install-test
+	@$(PY) -c 'from scripts.golden import reference_library; print("reference kernels:", reference_library())'
 
 # Score the fixed decisions of tests/golden/requests.json on both test models and both numerics modes,
 # print which answers moved and by how much, and rewrite tests/golden/answers.json (scripts/golden.py).
-golden: models
+golden: models reference-kernels
 	$(PY) -m scripts.golden
 
 # The unit layer alone: no model loaded, no server started, nothing slow (markers: pyproject.toml).
@@ -80,6 +91,8 @@ BENCH_REPEATS ?= 5
 bench: models
 	$(PY) benchmarks/engine_overhead.py --repeats $(BENCH_REPEATS) --json benchmarks/results/engine_overhead-2cpu.json \
 	  | tee benchmarks/results/engine_overhead-2cpu.md
+	$(PY) -m benchmarks.cpu_kernels --json benchmarks/results/cpu_kernels-2cpu.json \
+	  | tee benchmarks/results/cpu_kernels-2cpu.md
 
 # Ours against the stock llama-server (built once from the binding's vendored llama.cpp with the same
 # flags as the wheel, cached beside it; LLAMA_SERVER=/path/to/llama-server uses one you have).

@@ -124,10 +124,12 @@ def bench_model(key: str, repeats: int, threads: int, state_tokens: int) -> dict
         split = engine.score([d]).results[0].probabilities
         stream = one_stream_probabilities(engine, d)
         split_shift = max(split_shift, max(abs(a - b) for a, b in zip(split, stream, strict=True)))
+    kernels = engine.model_info.kernels.model_dump()
     engine.close()
     med = statistics.median
     return {
         "model": MODELS[key].filename,
+        "kernels": kernels,
         "prefix_tokens": len(prefix),
         "suffix_tokens": len(suffixes[0]),
         "engine_s": med(engine_times),
@@ -156,6 +158,8 @@ def main() -> None:
     print(
         f"machine: {platform.machine()}, {args.threads} threads; medians of {args.repeats} interleaved runs"
     )
+    kernels = rows[0]["kernels"]
+    print(f"CPU kernels: {kernels['variant']} ({kernels['library']}; {' '.join(kernels['features'])})")
     print("| model | prefix+suffix tokens | engine s | raw decode s | (a) engine÷raw (goal ≤ 1.05) |")
     print("|---|---|---|---|---|")
     for r in rows:

@@ -51,7 +51,7 @@ from pathlib import Path
 
 from engine_overhead import QUESTIONS  # the 8 questions of the sharing benchmark (run as a script)
 
-from semif_adapter.engine import DecisionEngine
+from semif_adapter.engine import DecisionEngine, kernels
 from semif_adapter.engine.prompt import decision_text
 from semif_adapter.model.demo_models import MODELS, ensure_model
 from semif_adapter.protocol import state_to_text
@@ -99,7 +99,8 @@ def find_sdist(version: str) -> Path:
 def build_llama_server(cmake_args: str) -> Path:
     """Build llama-server (static, no web UI, no network features) once per binding version and flags."""
     version = package_version("llama-cpp-python")
-    key = hashlib.sha256(f"{version} {cmake_args}".encode()).hexdigest()[:16]
+    machine = " ".join(sorted(kernels.read_cpu_flags()))  # native flags compile for this CPU only
+    key = hashlib.sha256(f"{version} {cmake_args} {machine}".encode()).hexdigest()[:16]
     binary = cache_home() / "llama-server" / key / "llama-server"
     if binary.is_file():
         return binary
@@ -443,6 +444,8 @@ def bench_model(key: str, binary: Path, args: argparse.Namespace, logs: Path) ->
         keys = ("numerics", "numerics_reason", "numerics_min_piece", "batch_sequences")
         result["ours_numerics"] = {k: served.get(k) for k in keys}
         result["ours_scoring"] = served.get("scoring")
+        result["ours_kernels"] = served.get("kernels")
+        result["llama_server_kernels"] = their_kernels(logs / f"llama-server-{key}.log")
         for name, items in plan.items():
             us, them = Side("ours"), Side("llama-server")
             load_before = load_average()
@@ -484,6 +487,13 @@ def bench_model(key: str, binary: Path, args: argparse.Namespace, logs: Path) ->
     return result
 
 
+def their_kernels(log: Path) -> dict[str, object]:
+    """The CPU kernels llama-server says it runs (its ``system_info`` line at start-up)."""
+    line = next((x for x in log.read_text(errors="replace").splitlines() if "system_info" in x), "")
+    features = kernels.cpu_features(line)
+    return {"variant": kernels.cpu_variant(features), "features": features}
+
+
 def markdown(report: dict) -> str:
     lines = [
         f"machine: {report['machine']}, {report['threads']} threads each; load average "
@@ -508,6 +518,11 @@ def markdown(report: dict) -> str:
         lines.append(
             f"Our numerics on {row['model']}: {numerics.get('numerics')} "
             f"({numerics.get('numerics_reason')}), {numerics.get('batch_sequences')} decisions per call."
+        )
+        ours, theirs = row.get("ours_kernels") or {}, row.get("llama_server_kernels") or {}
+        lines.append(
+            f"CPU kernels on {row['model']}: ours {ours.get('variant')}, "
+            f"llama-server {theirs.get('variant')}."
         )
     lines.append("")
     lines.append(
@@ -544,6 +559,7 @@ def main() -> None:
         "agent_state": args.agent_state,
         "llama_server": f"{binary.name} from llama-cpp-python {package_version('llama-cpp-python')} "
         f"vendor/llama.cpp, -np {args.slots}, prompt cache and --cache-ram at their defaults",
+        "llama_server_cmake_args": None if args.llama_server else args.cmake_args,
         "load_average_before": load_average(),
         "models": [],
     }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -53,6 +53,10 @@ class Metrics:
         self.in_flight = Gauge(
             "semif_engine_admitted", "Requests running or waiting for the engine", registry=r
         )
+        self._identity_gauges(r)
+
+    def _identity_gauges(self, r: CollectorRegistry) -> None:
+        """What fixes the numbers: the numerics, the scoring version and the CPU kernels (each 1)."""
         self.numerics = Gauge(
             "semif_numerics",
             "1 for the numerics the engine runs (invariant: proven by the probe at load; fixed-split), "
@@ -66,6 +70,22 @@ class Metrics:
             ["version", "prompt", "split", "numerics", "llama_cpp", "model"],
             registry=r,
         )
+        self.kernels = Gauge(
+            "semif_cpu_kernels",
+            "1 for the CPU kernels llama.cpp runs: variant, backend library, reported features, and the "
+            "buffer types the weights were loaded into",
+            ["variant", "library", "features", "weight_buffers"],
+            registry=r,
+        )
+
+    def record_kernels(self, kernels: Mapping[str, Any]) -> None:
+        """``model.kernels``: lists as space-separated label values, a missing library as ""."""
+        self.kernels.labels(
+            kernels["variant"],
+            kernels["library"] or "",
+            " ".join(kernels["features"]),
+            " ".join(kernels["weight_buffers"]),
+        ).set(1)
 
     def record_scoring(self, parts: dict[str, str]) -> None:
         self.scoring.labels(**parts).set(1)

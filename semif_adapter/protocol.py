@@ -108,6 +108,24 @@ class ScoringVersion(BaseModel):
     model: str = Field(description="The GGUF's sha256, first 16 hex digits.")
 
 
+class CpuKernels(BaseModel):
+    """The CPU kernels the loaded llama.cpp runs (``engine.kernels``): answers differ between them."""
+
+    variant: str = Field(
+        description="avx512, avx2, avx, sse, neon, sve or generic (+amx where AMX kernels are compiled in)."
+    )
+    features: list[str] = Field(description="What llama_print_system_info reports switched on.")
+    library: str | None = Field(
+        description="The CPU backend's file: libggml-cpu-<variant>.so where the build loads the best of "
+        "several plugins (the DLC), libggml-cpu.so for a single build; null where none is mapped."
+    )
+    extra_buffers: bool = Field(description="Weights may take llama.cpp's extra buffer types (repacking).")
+    extra_buffers_reason: str
+    weight_buffers: list[str] = Field(
+        description="Buffer types the weights were loaded into (CPU, CPU_Mapped, CPU_REPACK, AMX, CUDA0…)."
+    )
+
+
 class ModelInfo(BaseModel):
     name: str = Field(description="From model-manifest.json when present, else the GGUF file stem.")
     file: str
@@ -136,6 +154,7 @@ class ModelInfo(BaseModel):
         default=1, description="Decisions decoded together in one llama_decode call."
     )
     scoring: ScoringVersion = Field(description="What fixes the numbers; results carry its ``version``.")
+    kernels: CpuKernels = Field(description="The CPU kernels llama.cpp runs and where the weights live.")
 
 
 class CalibrationApplied(BaseModel):

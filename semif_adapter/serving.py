@@ -110,6 +110,7 @@ class DecisionService:
         info = self.engine.model_info
         self.metrics.record_numerics(info.numerics, info.numerics_min_piece, info.batch_sequences)
         self.metrics.record_scoring(info.scoring.model_dump())
+        self.metrics.record_kernels(info.kernels.model_dump())
         log.info(
             "model ready",
             extra={
@@ -125,6 +126,7 @@ class DecisionService:
                 "batch_sequences": info.batch_sequences,
                 "scoring_version": info.scoring.version,
                 "scoring": info.scoring.model_dump(),
+                "kernels": info.kernels.model_dump(),
                 "load_seconds": round(time.perf_counter() - started, 3),
             },
         )

@@ -59,6 +59,12 @@ class EngineSettings(BaseSettings):
         description="Flash attention in invariant numerics (its tiles follow the batch on CPU, so the probe "
         "usually refuses it and the engine falls back to the fixed split).",
     )
+    cpu_extra_buffers: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="llama.cpp's extra weight buffers (repacking; AMX on CPUs that advertise it) in the "
+        "fixed split: auto = on unless the CPU advertises AMX (its buffer type crashed on a VM); "
+        "invariant numerics always run without them.",
+    )
     numerics_probe_cache: bool = Field(
         default=True,
         description="Keep the numerics probe's verdict per llama.cpp library and model file (in the user's "

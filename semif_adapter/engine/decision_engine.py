@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from semif_adapter.engine import probes, scoring
+from semif_adapter.engine import kernels, probes, scoring
 from semif_adapter.engine.branches import Branches, Decoded
 from semif_adapter.engine.chunking import Cuts
 from semif_adapter.engine.deadline import Deadline
@@ -50,7 +50,14 @@ from semif_adapter.errors import EngineFailure, ModelLoadError, SemifError
 from semif_adapter.model.calibration import Calibration, apply_temperature, find_calibration, stale_reason
 from semif_adapter.model.identity import model_sha256
 from semif_adapter.model.manifest import verify_model_file
-from semif_adapter.protocol import BatchResult, CalibrationApplied, Decision, ModelInfo, ScoringVersion
+from semif_adapter.protocol import (
+    BatchResult,
+    CalibrationApplied,
+    CpuKernels,
+    Decision,
+    ModelInfo,
+    ScoringVersion,
+)
 from semif_adapter.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -141,6 +148,7 @@ class DecisionEngine:
                     invariant=invariant,
                     n_seq_max=1 + settings.batch_sequences,
                     flash_attention=settings.flash_attention,
+                    extra_buffers=settings.cpu_extra_buffers,
                 )
                 try:
                     known = sha256 if identity is None else identity.result()
@@ -344,4 +352,18 @@ class DecisionEngine:
             numerics_min_piece=self.verdict.min_piece if self.invariant else 0,
             batch_sequences=runtime.n_seq_max - 1 if self.invariant else 1,
             scoring=ScoringVersion(**self.scoring.as_dict()),
+            kernels=_kernels_of(self.runtime),
         )
+
+
+def _kernels_of(runtime: LlamaRuntime) -> CpuKernels:
+    """``model.kernels``: what the loaded library runs and where the weights went (``kernels``)."""
+    features = kernels.cpu_features(runtime.system_info())
+    return CpuKernels(
+        variant=kernels.cpu_variant(features),
+        features=features,
+        library=runtime.cpu_library,
+        extra_buffers=runtime.extra_buffers.use,
+        extra_buffers_reason=runtime.extra_buffers.reason,
+        weight_buffers=runtime.weight_buffers,
+    )

@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from semif_adapter.engine import abi, binding
+from semif_adapter.engine import abi, binding, kernels
 from semif_adapter.errors import EngineFailure, ModelLoadError
 
 if TYPE_CHECKING:
@@ -145,22 +146,45 @@ def _init_backend(llama_cpp: Any, verbose: bool) -> None:
     with _init_lock:
         if _initialised:
             return
-        if not verbose:
 
-            @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]  # llama_cpp is untyped
-            def _quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-                if level == 4 and text:  # GGML_LOG_LEVEL_ERROR
-                    message = text.decode("utf-8", "replace").rstrip()
-                    if _ACTIVE_CANCEL is not None and _ACTIVE_CANCEL.cancelled:
-                        log.info("llama.cpp (decode aborted on request): %s", message)
-                    else:
-                        log.error("llama.cpp: %s", message)
+        @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]  # llama_cpp is untyped
+        def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+            if not text:
+                return
+            message = text.decode("utf-8", "replace")
+            capture = _LOAD_LOG
+            if capture is not None:
+                capture.append(message)
+            if verbose:
+                sys.stderr.write(message)
+            elif level == 4:  # GGML_LOG_LEVEL_ERROR
+                if _ACTIVE_CANCEL is not None and _ACTIVE_CANCEL.cancelled:
+                    log.info("llama.cpp (decode aborted on request): %s", message.rstrip())
+                else:
+                    log.error("llama.cpp: %s", message.rstrip())
 
-            _LOG_CALLBACK = _quiet  # keep a reference: llama.cpp holds the raw pointer
-            llama_cpp.llama_log_set(_quiet, ctypes.c_void_p(0))
+        _LOG_CALLBACK = _log  # keep a reference: llama.cpp holds the raw pointer
+        llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
         _load_backend_plugins(llama_cpp)
         llama_cpp.llama_backend_init()
         _initialised = True
+
+
+# What llama.cpp logs while one model loads (the weights' buffer types are only said there).
+_LOAD_LOG: list[str] | None = None
+_load_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _load_log() -> Iterator[list[str]]:
+    global _LOAD_LOG
+    with _load_lock:
+        lines: list[str] = []
+        _LOAD_LOG = lines
+        try:
+            yield lines
+        finally:
+            _LOAD_LOG = None
 
 
 def _check_struct_layout(cparams: Any) -> None:
@@ -196,10 +220,12 @@ class LlamaRuntime:
         invariant: bool = False,
         n_seq_max: int = 2,
         flash_attention: bool = False,
+        extra_buffers: str = "auto",
     ) -> None:
         """``invariant``: the batch-invariant configuration (``numerics``): weight repacking and flash
         attention off, and one KV stream per sequence (``n_seq_max`` of them, each of ``n_ctx`` cells);
-        otherwise two sequences share one unified KV cache of ``n_ctx`` cells."""
+        otherwise two sequences share one unified KV cache of ``n_ctx`` cells. ``extra_buffers``:
+        SEMIF_CPU_EXTRA_BUFFERS (``kernels.extra_buffers``)."""
         llama_cpp, self.abi = import_llama_cpp(abi_record)
         self.lib = llama_cpp
         _init_backend(llama_cpp, verbose)
@@ -211,11 +237,7 @@ class LlamaRuntime:
                 f"GPU offload requested (n_gpu_layers={n_gpu_layers}) but the loaded llama.cpp library "
                 "has no GPU backend; set SEMIF_N_GPU_LAYERS=0 for CPU or use the GPU image"
             )
-        mparams = self.abi.model_default_params()
-        mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
-        if invariant:
-            mparams.use_extra_bufts = False  # repacked weights (and AMX) take batch-shaped kernels
-        self.model = self.abi.model_load_from_file(str(path).encode(), mparams)
+        self._load_model(path, n_gpu_layers, invariant, extra_buffers)
         if not self.model:
             raise ModelLoadError(f"llama.cpp could not load {path} (not a GGUF, or unsupported architecture)")
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
@@ -237,6 +259,19 @@ class LlamaRuntime:
         self.n_swa = int(llama_cpp.llama_model_n_swa(self.model))  # > 0: sliding-window layers
         self._token_lengths: dict[int, int] = {}
         self._closed = False
+
+    def _load_model(self, path: Path, n_gpu_layers: int, invariant: bool, extra_buffers: str) -> None:
+        """Load the weights, into llama.cpp's extra buffer types only where ``kernels.extra_buffers``
+        allows; note which buffer types they went into and which CPU backend library is mapped."""
+        amx = kernels.advertises_amx(kernels.read_cpu_flags(), kernels.cpu_features(self.system_info()))
+        self.extra_buffers = kernels.extra_buffers(extra_buffers, invariant=invariant, amx=amx)
+        mparams = self.abi.model_default_params()
+        mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
+        mparams.use_extra_bufts = self.extra_buffers.use  # repacking, and AMX where advertised
+        with _load_log() as load_log:
+            self.model = self.abi.model_load_from_file(str(path).encode(), mparams)
+        self.weight_buffers = kernels.weight_buffers(load_log)
+        self.cpu_library = kernels.read_cpu_library()
 
     def _context_params(
         self, n_ctx: int, n_batch: int, n_threads: int, invariant: bool, n_seq_max: int, flash_attention: bool

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from semif_adapter.engine.kernels import cpu_features, cpu_variant
 
 #: Revision of the split rule beyond what the derived hash sees; bump when a change moves answers.
 SPLIT_REVISION = "s1"
@@ -152,35 +153,6 @@ def numerics_part(mode: str, *, min_piece: int, n_batch: int, attention: str) ->
     decode/readout revision."""
     shape = f"invariant.p{min_piece}" if mode == "invariant" else f"fixed-split.b{n_batch}"
     return f"{shape}.{attention}.{NUMERICS_REVISION}"
-
-
-_FEATURE = re.compile(r"([A-Za-z0-9_]+) = 1\b")
-
-
-def cpu_features(system_info: str) -> list[str]:
-    """The features ``llama_print_system_info()`` reports switched on, in its order."""
-    return _FEATURE.findall(system_info)
-
-
-def cpu_variant(features: Sequence[str]) -> str:
-    """A short name for the CPU kernels a build runs: ``avx512``, ``avx2``, ``avx``, ``sse``, ``neon``,
-    ``sve`` (with ``+amx`` where AMX kernels are compiled in), or ``generic``."""
-    have = set(features)
-    if any(f.startswith("AVX512") for f in have):
-        name = "avx512"
-    elif "AVX2" in have:
-        name = "avx2"
-    elif "AVX" in have:
-        name = "avx"
-    elif "SVE" in have:
-        name = "sve"
-    elif "NEON" in have:
-        name = "neon"
-    elif any(f.startswith("SSE") for f in have):
-        name = "sse"
-    else:
-        name = "generic"
-    return name + ("+amx" if any(f.startswith("AMX") for f in have) else "")
 
 
 def llama_cpp_part(commit: str | None, system_info: str, *, gpu_offload: bool) -> str:

@@ -140,6 +140,23 @@ def test_every_answer_names_its_scoring_version_and_model(http: httpx.Client) ->
     assert "semif_scoring_version{" in metrics and f'version="{version}"' in metrics
 
 
+def test_the_cpu_kernels_are_reported_and_never_the_amx_buffer_type(http: httpx.Client) -> None:
+    """model.kernels names the kernels llama.cpp runs (the scoring version's llama_cpp part carries the
+    same variant), the CPU backend's library and the weights' buffer types, which are never AMX by
+    default; /metrics says the same."""
+    model = http.post("/invocations", json={"decision": ROUTING}).json()["result"]["model"]
+    kernels = model["kernels"]
+    assert kernels["variant"] and f"-{kernels['variant']}." in model["scoring"]["llama_cpp"]
+    assert kernels["features"] and kernels["library"].startswith("libggml-cpu"), kernels
+    assert kernels["weight_buffers"] and "AMX" not in kernels["weight_buffers"], kernels
+    if model["numerics"] == "invariant":
+        assert not kernels["extra_buffers"] and "CPU_REPACK" not in kernels["weight_buffers"]
+    lines = [x for x in http.get("/metrics").text.splitlines() if x.startswith("semif_cpu_kernels{")]
+    assert len(lines) == 1 and lines[0].endswith(" 1.0"), lines
+    for label, value in (("variant", kernels["variant"]), ("features", " ".join(kernels["features"]))):
+        assert f'{label}="{value}"' in lines[0], lines
+
+
 @pytest.mark.parametrize(
     ("method", "path", "kwargs", "status", "kind"),
     [

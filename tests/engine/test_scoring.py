@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from semif_adapter.engine import DecisionEngine, planner, prompt, scoring
+from semif_adapter.engine import DecisionEngine, kernels, planner, prompt, scoring
 from semif_adapter.engine.chunking import block_cuts, event_cuts
 
 AVX2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | REPACK = 1 | "
@@ -101,7 +101,7 @@ def test_the_reference_requests_plan_in_any_context_size(gemma_gguf: Path) -> No
     ],
 )
 def test_the_cpu_variant_names_the_best_kernels_built(info: str, variant: str) -> None:
-    assert scoring.cpu_variant(scoring.cpu_features(info)) == variant
+    assert kernels.cpu_variant(kernels.cpu_features(info)) == variant
 
 
 def test_the_library_part_names_commit_device_and_variant() -> None:

@@ -125,7 +125,8 @@ class AptSource:
 
 
 def _deb822_entries(text: str) -> list[dict[str, str]]:
-    entries, current = [], {}
+    entries: list[dict[str, str]] = []
+    current: dict[str, str] = {}
     for line in [*text.splitlines(), ""]:
         if not line.strip():
             if current:
@@ -305,7 +306,7 @@ def build_libraries(sdist: Path, cache: Path, jobs: int) -> tuple[Path, str]:
         llama = source / "vendor" / "llama.cpp"
         build = Path(work) / "build"
         log(f"compiling llama.cpp {commit} from {sdist.name} with {jobs} jobs (log: {logfile})")
-        configure = ["cmake", "-S", llama, "-B", build, *CMAKE_FLAGS]
+        configure: list[str | os.PathLike[str]] = ["cmake", "-S", llama, "-B", build, *CMAKE_FLAGS]
         run([*configure, f"-DLLAMA_BUILD_COMMIT={commit}", "-DLLAMA_BUILD_NUMBER=0"], logfile)
         # ggml depends on every CPU variant target; build the chosen plugins first, then ggml and llama
         # without their dependency checks ("<target>/fast", Makefile generator) so no other variant compiles.
