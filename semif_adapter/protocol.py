@@ -238,6 +238,14 @@ class ErrorResponse(BaseModel):
     retryable: bool | None = None
 
 
+def check_decision_count(count: int, max_decisions: int) -> None:
+    """At most ``max_decisions`` per request: counted before a single decision is validated."""
+    if count > max_decisions:
+        raise DecisionValidationError(
+            f"{count} decisions in one request; the limit is {max_decisions}", loc=("decisions",)
+        )
+
+
 def check_shared_batch(decisions: list[Decision], max_decisions: int, max_options: int) -> None:
     """What a batch must satisfy beyond each decision's schema: count, unique ids, one state, option count.
 
@@ -246,10 +254,7 @@ def check_shared_batch(decisions: list[Decision], max_decisions: int, max_option
     """
     if not decisions:
         raise DecisionValidationError("at least one decision is required", loc=("decisions",))
-    if len(decisions) > max_decisions:
-        raise DecisionValidationError(
-            f"{len(decisions)} decisions in one request; the limit is {max_decisions}", loc=("decisions",)
-        )
+    check_decision_count(len(decisions), max_decisions)
     seen: dict[str, int] = {}
     state = decisions[0].state_text
     for index, decision in enumerate(decisions):

@@ -13,6 +13,7 @@ from typing import Any
 
 from semif_adapter.errors import DecisionValidationError
 from semif_adapter.http.json_reader import JsonError, read_json
+from semif_adapter.protocol import check_decision_count
 from semif_adapter.settings import Settings
 
 
@@ -32,10 +33,7 @@ def refuse_counts(payload: dict[str, Any], settings: Settings) -> None:
     """``decisions`` and each decision's ``options``, counted before any is validated."""
     decisions = payload.get("decisions")
     many = decisions if isinstance(decisions, list) else []
-    if len(many) > settings.max_decisions:
-        raise DecisionValidationError(
-            f"{len(many)} decisions in one request; the limit is {settings.max_decisions}", loc=("decisions",)
-        )
+    check_decision_count(len(many), settings.max_decisions)
     refuse_options(payload.get("decision"), settings, ("decision",))
     for index, decision in enumerate(many):
         refuse_options(decision, settings, ("decisions", index))

@@ -22,7 +22,7 @@ from semif_adapter.engine.labels import LabelSet, build_label_set
 from semif_adapter.engine.llama_backend import LlamaRuntime
 from semif_adapter.engine.prompt import DecisionText, Scaffold, build_scaffold, decision_text
 from semif_adapter.errors import DecisionValidationError, TokenBudgetExceeded
-from semif_adapter.protocol import Decision, check_shared_batch
+from semif_adapter.protocol import Decision, check_decision_count, check_shared_batch
 from semif_adapter.settings import EngineSettings
 
 # Oversized-state check: slice length in characters, and tokens a cut may add over the whole text's count.
@@ -62,9 +62,7 @@ class Planner:
     def parse(self, decisions: Sequence[Decision | Mapping[str, Any]]) -> list[Decision]:
         if not isinstance(decisions, Sequence) or isinstance(decisions, (str, bytes)):
             raise DecisionValidationError("decisions must be a list", loc=("decisions",))
-        if len(decisions) > self.settings.max_decisions:  # before validating thousands of items
-            too_many = list(decisions)  # only the count is read: refused before any item is validated
-            check_shared_batch(too_many, self.settings.max_decisions, self.settings.max_options)  # type: ignore[arg-type]
+        check_decision_count(len(decisions), self.settings.max_decisions)  # before validating any item
         parsed: list[Decision] = []
         for index, item in enumerate(decisions):
             if isinstance(item, Decision):

@@ -92,6 +92,14 @@ def fake_model_info(**overrides: object) -> ModelInfo:
             "llama_cpp": "test",
             "model": "0" * 16,
         },
+        "kernels": {
+            "variant": "generic",
+            "features": [],
+            "library": None,
+            "extra_buffers": False,
+            "extra_buffers_reason": "test",
+            "weight_buffers": ["CPU"],
+        },
     }
     values.update(overrides)
     return ModelInfo.model_validate(values)
