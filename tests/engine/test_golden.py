@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import platform
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from scripts import golden
+from semif_adapter.engine import kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = golden.load_answers()
@@ -42,10 +44,12 @@ def reference_computed(gemma_gguf: Path, qwen_gguf: Path) -> golden.Computed:
 def test_golden_answers_reproduce_bit_for_bit_on_the_reference_kernels(
     model: str, mode: str, reference_computed: golden.Computed
 ) -> None:
-    """The portable AVX2 build every x86-64 machine can load: its answers are checked everywhere."""
+    """The portable AVX2 build every x86-64 machine with AVX2 loads: there every bit is checked. Elsewhere
+    (arm64: the stand-in's Arm plugins) the build is other kernels, held to the tolerance."""
     scoring, computed = reference_computed[model, mode]
-    assert golden.kernels_key(scoring) == DOC["reference"], "the reference kernels changed: make golden"
-    assert golden.basis(DOC, model, mode, scoring) == "exact"
+    if platform.machine() == "x86_64" and {"avx2", "fma", "f16c"} <= kernels.read_cpu_flags():
+        assert golden.kernels_key(scoring) == DOC["reference"], "the reference kernels changed: make golden"
+        assert golden.basis(DOC, model, mode, scoring) == "exact"
     problems = golden.check(DOC, model, mode, scoring, computed)
     assert not problems, "\n".join(problems)
 
