@@ -431,6 +431,7 @@ def bench_model(key: str, binary: Path, args: argparse.Namespace, logs: Path) ->
     command, env = ours_command(gguf, args.threads, ours_port)
     theirs = theirs_command(binary, gguf, args.threads, theirs_port, args.slots, args.n_ctx)
     result: dict = {"model": MODELS[key].filename, "load_average_before": load_average(), "workloads": {}}
+    result["llama_server_kernels"] = their_kernels(binary, gguf, args.threads, logs / f"kernels-{key}.log")
     with (
         running(command, env, ours_port, "/ping", logs / f"ours-{key}.log") as ours_client,
         running(
@@ -445,7 +446,6 @@ def bench_model(key: str, binary: Path, args: argparse.Namespace, logs: Path) ->
         result["ours_numerics"] = {k: served.get(k) for k in keys}
         result["ours_scoring"] = served.get("scoring")
         result["ours_kernels"] = served.get("kernels")
-        result["llama_server_kernels"] = their_kernels(logs / f"llama-server-{key}.log")
         for name, items in plan.items():
             us, them = Side("ours"), Side("llama-server")
             load_before = load_average()
@@ -487,11 +487,24 @@ def bench_model(key: str, binary: Path, args: argparse.Namespace, logs: Path) ->
     return result
 
 
-def their_kernels(log: Path) -> dict[str, object]:
-    """The CPU kernels llama-server says it runs (its ``system_info`` line at start-up)."""
-    line = next((x for x in log.read_text(errors="replace").splitlines() if "system_info" in x), "")
+def their_kernels(binary: Path, gguf: Path, threads: int, log: Path) -> dict[str, object]:
+    """The CPU kernels llama-server runs: its ``system_info`` line, which it prints at start-up only at
+    trace verbosity, so a short run of its own (never the one timed) is started and stopped for it."""
+    command = [*theirs_command(binary, gguf, threads, free_port(), 1, 512), "-lv", "4"]
+    line = ""
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while not line and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+                text = log.read_text(errors="replace")
+                line = next((x for x in text.splitlines() if "system_info" in x), "")
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
     features = kernels.cpu_features(line)
-    return {"variant": kernels.cpu_variant(features), "features": features}
+    return {"variant": kernels.cpu_variant(features) if line else None, "features": features}
 
 
 def markdown(report: dict) -> str:
