@@ -60,10 +60,9 @@ def child(model: str, config: str, tokens: int, threads: int, calls: int) -> dic
             runtime.decode(ids, 0, PREFIX_SEQ, want_logits=True, chunk_size=128)
             runtime.last_logits()
             seconds.append(time.perf_counter() - t0)
-        features = kernels.cpu_features(runtime.system_info())
         return {
-            "variant": kernels.cpu_variant(features),
-            "features": features,
+            "variant": kernels.cpu_variant(runtime.cpu_features),
+            "features": runtime.cpu_features,
             "library": runtime.cpu_library,
             "weight_buffers": runtime.weight_buffers,
             "seconds": seconds[1:],

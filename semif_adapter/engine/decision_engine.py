@@ -358,10 +358,9 @@ class DecisionEngine:
 
 def _kernels_of(runtime: LlamaRuntime) -> CpuKernels:
     """``model.kernels``: what the loaded library runs and where the weights went (``kernels``)."""
-    features = kernels.cpu_features(runtime.system_info())
     return CpuKernels(
-        variant=kernels.cpu_variant(features),
-        features=features,
+        variant=kernels.cpu_variant(runtime.cpu_features),
+        features=runtime.cpu_features,
         library=runtime.cpu_library,
         extra_buffers=runtime.extra_buffers.use,
         extra_buffers_reason=runtime.extra_buffers.reason,

@@ -263,7 +263,8 @@ class LlamaRuntime:
     def _load_model(self, path: Path, n_gpu_layers: int, invariant: bool, extra_buffers: str) -> None:
         """Load the weights, into llama.cpp's extra buffer types only where ``kernels.extra_buffers``
         allows; note which buffer types they went into and which CPU backend library is mapped."""
-        amx = kernels.advertises_amx(kernels.read_cpu_flags(), kernels.cpu_features(self.system_info()))
+        self.cpu_features = kernels.cpu_features(self.system_info())  # fixed once the backends are in
+        amx = kernels.advertises_amx(kernels.read_cpu_flags(), self.cpu_features)
         self.extra_buffers = kernels.extra_buffers(extra_buffers, invariant=invariant, amx=amx)
         mparams = self.abi.model_default_params()
         mparams.n_gpu_layers = 0x7FFFFFFF if n_gpu_layers < 0 else n_gpu_layers
