@@ -98,7 +98,7 @@ bench: models
 # flags as the wheel, cached beside it; LLAMA_SERVER=/path/to/llama-server uses one you have).
 LLAMA_SERVER ?=
 bench-peer: models
-	$(PY) benchmarks/peer_llama_server.py --cmake-args="$(LLAMA_CMAKE_ARGS)" \
+	$(PY) benchmarks/peer_llama_server.py --cmake-args="$(LLAMA_CMAKE_ARGS)" --hybrid \
 	  $(if $(LLAMA_SERVER),--llama-server $(LLAMA_SERVER)) --json benchmarks/results/peer_llama_server-2cpu.json
 
 # Build context for Dockerfile.cpu/.gpu (wheelhouse + llama.cpp headers; see docs/deployment.md).

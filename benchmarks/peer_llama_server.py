@@ -18,6 +18,17 @@ Workloads, each item sent to both servers back to back (the side that goes first
   decisions (one request to us, two to llama-server). ``--agent-state json`` (default) sends the state as a
   JSON array of events, ``text`` as lines of text.
 
+* 4 agents at once: 4 other agents × ``--turns`` turns, each turn all four send their request together
+  (2 decisions each): ours batched (the 4 requests in flight at once, decoded in shared calls), ours one
+  at a time (a second server of ours, ``SEMIF_MAX_BATCH_REQUESTS=1``, the same requests one after another)
+  and llama-server (4 clients at once, its 4 slots); wall time of the warm turns (all but the first), and
+  the largest |Δp| between our two servers (bit-identical answers give 0).
+
+``--hybrid`` adds a Qwen3.5-shaped model (``tests/helpers/random_models.py`` ``QWEN35_08B``: random
+weights, the production architecture at 0.8B-class shapes, quantized to Q4_K_M by the vendored
+``llama-quantize``; compute does not depend on the weights' values), with ``--hybrid-turns`` and
+``--hybrid-singles`` to keep its row short.
+
 Then every single decision and every agent's first turn is asked again (drift: the largest change of any
 probability between the first and the second answer, per side). Ratios are ours ÷ llama-server wall time
 over HTTP on one machine; the load average is recorded beside them.
@@ -45,6 +56,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -57,6 +69,9 @@ from semif_adapter.model.demo_models import MODELS, ensure_model
 from semif_adapter.protocol import state_to_text
 from semif_adapter.settings import Settings
 from semif_ops.cache import cache_home
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.helpers.random_models import SHAPES, build_shaped
 
 REPO = Path(__file__).resolve().parent.parent
 N_PROBS = 64  # labels outside llama-server's top list are counted as missing, never guessed
@@ -98,14 +113,21 @@ def find_sdist(version: str) -> Path:
 
 def build_llama_server(cmake_args: str) -> Path:
     """Build llama-server (static, no web UI, no network features) once per binding version and flags."""
+    return build_llama_tool("llama-server", cmake_args)
+
+
+def build_llama_tool(target: str, cmake_args: str) -> Path:
+    """Build one llama.cpp tool (``llama-server``, ``llama-quantize``) from the vendored sources, once per
+    binding version, flags and CPU."""
     version = package_version("llama-cpp-python")
     machine = " ".join(sorted(kernels.read_cpu_flags()))  # native flags compile for this CPU only
-    key = hashlib.sha256(f"{version} {cmake_args} {machine}".encode()).hexdigest()[:16]
-    binary = cache_home() / "llama-server" / key / "llama-server"
+    salt = "" if target == "llama-server" else f" {target}"  # llama-server keeps its cache key
+    key = hashlib.sha256(f"{version} {cmake_args} {machine}{salt}".encode()).hexdigest()[:16]
+    binary = cache_home() / target / key / target
     if binary.is_file():
         return binary
     sdist = find_sdist(version)
-    print(f"building llama-server from {sdist} ({cmake_args or 'default flags'})", file=sys.stderr)
+    print(f"building {target} from {sdist} ({cmake_args or 'default flags'})", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="llama-server-") as tmp:
         prefix = f"llama_cpp_python-{version}/vendor/llama.cpp/"
         with tarfile.open(sdist) as archive:
@@ -140,9 +162,9 @@ def build_llama_server(cmake_args: str) -> Path:
             check=True,
         )
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
-        subprocess.run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], check=True)
+        subprocess.run(["cmake", "--build", str(build), "--target", target, "-j", jobs], check=True)
         binary.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(build / "bin" / "llama-server", binary)
+        shutil.copy2(build / "bin" / target, binary)
     return binary
 
 
@@ -209,7 +231,9 @@ def running(
             process.kill()
 
 
-def ours_command(gguf: Path, threads: int, port: int) -> tuple[list[str], dict[str, str]]:
+def ours_command(
+    gguf: Path, threads: int, port: int, extra: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
     env = {
         **os.environ,
         "SEMIF_GGUF_PATH": str(gguf),
@@ -221,6 +245,7 @@ def ours_command(gguf: Path, threads: int, port: int) -> tuple[list[str], dict[s
         # as llama-server runs: the engine at the same CPU priority, no per-request deadline
         "SEMIF_ENGINE_NICE": "0",
         "SEMIF_REQUEST_TIMEOUT_S": "0",
+        **(extra or {}),
     }
     return [sys.executable, "-m", "semif_adapter", "serve"], env
 
@@ -417,20 +442,81 @@ def workloads(engine: DecisionEngine, args: argparse.Namespace) -> dict[str, lis
     return {"cold_singles": singles, "eight_on_one_state": shared, "agent_loop": loop}
 
 
+def four_agents(engine: DecisionEngine, args: argparse.Namespace) -> list[list[list[dict]]]:
+    """Per turn, the 4 agents' requests (2 decisions each); agents of their own (no state shared with
+    the agent loop's)."""
+    agents = [make_agent(engine, 10 + a, args.agent_state == "json", args.state_tokens) for a in range(4)]
+    turns = []
+    for turn in range(args.turns):
+        for agent in agents:
+            if turn:
+                agent.grow()
+        turns.append([agent.turn(turn) for agent in agents])
+    return turns
+
+
+def run_four_agents(
+    turns: list[list[list[dict]]], ours: Client, ours_alone: Client, theirs: Client, engine: DecisionEngine
+) -> dict:
+    """Each turn on the three sides (who goes first rotates); the warm turns' wall time per side."""
+    seconds = {"ours_batched": 0.0, "ours_one_at_a_time": 0.0, "llama_server": 0.0}
+    answers: dict[str, dict[str, list[float]]] = {name: {} for name in seconds}
+    them = Side("llama-server")
+
+    def batched(requests: list[list[dict]]) -> dict[str, list[float]]:
+        with ThreadPoolExecutor(len(requests)) as pool:
+            parts = list(pool.map(lambda r: ask_ours(ours, r), requests))
+        return {k: v for part in parts for k, v in part.items()}
+
+    def one_at_a_time(requests: list[list[dict]]) -> dict[str, list[float]]:
+        return {k: v for r in requests for k, v in ask_ours(ours_alone, r).items()}
+
+    def slots(requests: list[list[dict]]) -> dict[str, list[float]]:
+        with ThreadPoolExecutor(len(requests)) as pool:
+            parts = list(pool.map(lambda r: ask_theirs(theirs, engine, r, them), requests))
+        return {k: v for part in parts for k, v in part.items()}
+
+    sides = [("ours_batched", batched), ("ours_one_at_a_time", one_at_a_time), ("llama_server", slots)]
+    for t, requests in enumerate(turns):
+        order = sides[t % 3 :] + sides[: t % 3]
+        for name, ask in order:
+            t0 = time.perf_counter()
+            answers[name].update(ask(requests))
+            if t:  # the first turn is cold on every side
+                seconds[name] += time.perf_counter() - t0
+        so_far = ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items())
+        print(f"4 agents turn {t + 1}/{len(turns)}: {so_far}", file=sys.stderr, flush=True)
+    gap = max(
+        abs(a - b)
+        for key, probs in answers["ours_batched"].items()
+        for a, b in zip(probs, answers["ours_one_at_a_time"][key], strict=True)
+    )
+    return {
+        "turns": len(turns),
+        "warm_turns": len(turns) - 1,
+        **{f"{k}_s": round(v, 3) for k, v in seconds.items()},
+        "ratio": round(seconds["ours_batched"] / seconds["llama_server"], 3),
+        "batched_speedup": round(seconds["ours_one_at_a_time"] / seconds["ours_batched"], 3),
+        "batched_vs_one_at_a_time_max_dp": gap,
+        "llama_server_missing_labels": them.missing_labels,
+    }
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def bench_model(key: str, binary: Path, args: argparse.Namespace, logs: Path) -> dict:
-    gguf = ensure_model(key)
+def bench_model(key: str, gguf: Path, binary: Path, args: argparse.Namespace, logs: Path) -> dict:
     engine = DecisionEngine.load(
         Settings(n_threads=1, n_ctx=args.n_ctx, verify_manifest=False, prefix_cache_tokens=0), gguf
     )
     plan = workloads(engine, args)
-    ours_port, theirs_port = free_port(), free_port()
+    agents_at_once = four_agents(engine, args)
+    ours_port, theirs_port, alone_port = free_port(), free_port(), free_port()
     command, env = ours_command(gguf, args.threads, ours_port)
+    alone_command, alone_env = ours_command(gguf, args.threads, alone_port, {"SEMIF_MAX_BATCH_REQUESTS": "1"})
     theirs = theirs_command(binary, gguf, args.threads, theirs_port, args.slots, args.n_ctx)
-    result: dict = {"model": MODELS[key].filename, "load_average_before": load_average(), "workloads": {}}
+    result: dict = {"model": gguf.name, "load_average_before": load_average(), "workloads": {}}
     result["llama_server_kernels"] = their_kernels(binary, gguf, args.threads, logs / f"kernels-{key}.log")
     with (
         running(command, env, ours_port, "/ping", logs / f"ours-{key}.log") as ours_client,
@@ -442,7 +528,7 @@ def bench_model(key: str, binary: Path, args: argparse.Namespace, logs: Path) ->
         # which numerics our server's probe chose (a tiny state of its own, so no workload item is warmed)
         meta = decision("meta", "Numerics check.", "Ready?", ["yes", "no"])
         served = ours_client.post("/invocations", {"decisions": [meta]})["results"][0]["model"]
-        keys = ("numerics", "numerics_reason", "numerics_min_piece", "batch_sequences")
+        keys = ("numerics", "numerics_reason", "numerics_min_piece", "batch_sequences", "max_batch_requests")
         result["ours_numerics"] = {k: served.get(k) for k in keys}
         result["ours_scoring"] = served.get("scoring")
         result["ours_kernels"] = served.get("kernels")
@@ -482,9 +568,36 @@ def bench_model(key: str, binary: Path, args: argparse.Namespace, logs: Path) ->
             }
             print(json.dumps({key: {name: result["workloads"][name]}}), file=sys.stderr, flush=True)
         result["max_abs_dp_ours_vs_llama_server"] = duel.agree
+        with running(alone_command, alone_env, alone_port, "/ping", logs / f"ours-alone-{key}.log") as alone:
+            load_before = load_average()
+            four = run_four_agents(agents_at_once, ours_client, alone, their_client, engine)
+            four["load_average_before"] = load_before
+            four["load_average_after"] = load_average()
+            result["four_agents_at_once"] = four
+            print(json.dumps({key: {"four_agents_at_once": four}}), file=sys.stderr, flush=True)
     engine.close()
     result["load_average_after"] = load_average()
     return result
+
+
+def shaped_model(shape: str, cmake_args: str) -> Path:
+    """The random Qwen3.5-shaped model (``random_models.SHAPES[shape]``) in Q4_K_M, built once and cached:
+    written in f16, then quantized by the vendored ``llama-quantize``."""
+    folder = cache_home() / "shaped-models"
+    q4 = folder / f"qwen35-{shape}-shaped-Q4_K_M.gguf"
+    if q4.is_file():
+        return q4
+    folder.mkdir(parents=True, exist_ok=True)
+    f16 = folder / f"qwen35-{shape}-shaped-f16.gguf"
+    print(f"writing the {shape}-shaped random qwen35 model (f16)", file=sys.stderr, flush=True)
+    build_shaped(SHAPES[shape], ensure_model("qwen"), f16)
+    quantize = build_llama_tool("llama-quantize", cmake_args)
+    tmp = q4.with_suffix(".tmp")
+    subprocess.run([str(quantize), str(f16), str(tmp), "Q4_K_M", str(os.cpu_count() or 2)], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    tmp.replace(q4)
+    f16.unlink()
+    return q4
 
 
 def their_kernels(binary: Path, gguf: Path, threads: int, log: Path) -> dict[str, object]:
@@ -525,12 +638,30 @@ def markdown(report: dict) -> str:
                 f"| {w['ratio']:.2f} | {w['ours_reask_drift']:.2e} | {w['llama_server_reask_drift']:.2e} "
                 f"| {w['load_average_before']} |"
             )
+    lines += [
+        "",
+        "4 agents at once (warm turns' wall time): ours batched | ours one at a time | llama-server 4 slots",
+        "",
+        "| model | warm turns | ours batched s | ours one at a time s | llama-server s "
+        "| batched ÷ llama-server | one at a time ÷ batched | max |Δp| batched vs one at a time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["models"]:
+        f = row.get("four_agents_at_once")
+        if f:
+            lines.append(
+                f"| {row['model']} | {f['warm_turns']} | {f['ours_batched_s']:.2f} "
+                f"| {f['ours_one_at_a_time_s']:.2f} | {f['llama_server_s']:.2f} | {f['ratio']:.2f} "
+                f"| {f['batched_speedup']:.2f} "
+                f"| {f['batched_vs_one_at_a_time_max_dp']:.2e} |"
+            )
     lines.append("")
     for row in report["models"]:
         numerics = row.get("ours_numerics") or {}
         lines.append(
             f"Our numerics on {row['model']}: {numerics.get('numerics')} "
-            f"({numerics.get('numerics_reason')}), {numerics.get('batch_sequences')} decisions per call."
+            f"({numerics.get('numerics_reason')}), {numerics.get('batch_sequences')} decisions per call, "
+            f"{numerics.get('max_batch_requests')} requests per batch."
         )
         ours, theirs = row.get("ours_kernels") or {}, row.get("llama_server_kernels") or {}
         lines.append(
@@ -562,6 +693,11 @@ def main() -> None:
     parser.add_argument("--agent-state", choices=["json", "text"], default="json")
     parser.add_argument("--llama-server", help="an existing llama-server binary (else built and cached)")
     parser.add_argument("--cmake-args", default=os.environ.get("LLAMA_CMAKE_ARGS", ""))
+    parser.add_argument(
+        "--hybrid", action="store_true", help="add the Qwen3.5-shaped (0.8B-class) model's row"
+    )
+    parser.add_argument("--hybrid-singles", type=int, default=3)
+    parser.add_argument("--hybrid-turns", type=int, default=3)
     parser.add_argument("--json", type=Path, help="write the report here (and a .md beside it)")
     args = parser.parse_args()
     binary = llama_server_binary(args)
@@ -576,8 +712,16 @@ def main() -> None:
         "load_average_before": load_average(),
         "models": [],
     }
-    for key in args.models:  # the files are rewritten after each model, so a long run keeps what it measured
-        report["models"].append(bench_model(key, binary, args, logs))
+    runs = [(key, ensure_model(key), args) for key in args.models]
+    if args.hybrid:
+        short = argparse.Namespace(
+            **{**vars(args), "singles": args.hybrid_singles, "turns": args.hybrid_turns}
+        )
+        runs.append(("qwen35-0.8b-shaped", shaped_model("0.8b", args.cmake_args), short))
+    for key, gguf, run_args in runs:  # the files are rewritten after each model: a long run keeps its rows
+        row = bench_model(key, gguf, binary, run_args, logs)
+        row["workload_sizes"] = {"singles": run_args.singles, "turns": run_args.turns}
+        report["models"].append(row)
         report["load_average_after"] = load_average()
         text = markdown(report)
         if args.json:

@@ -1,32 +1,62 @@
-"""Bounded admission to the single engine: one operation runs, at most ``max_queue`` wait, the rest get 503.
+"""Bounded admission to the single engine: a batch of requests runs, at most ``max_queue`` more wait, the
+rest get 503.
 
-The slot is released when the engine's work finishes, not when the awaiting request goes away: a
-client that disconnects mid-decision must not let a second operation onto the same llama.cpp context.
+One dispatcher hands the engine thread its work. Requests for the same batch function that are waiting
+when the engine frees up run together, at most ``max_batch`` of them (the engine decodes them in shared
+calls, ``engine.shared_calls``); anything else (a multi-group body, a health probe) runs alone. In flight
+and waiting together, at most ``max_batch + max_queue`` requests are admitted; one more is refused at
+once with a retryable 503, never queued without bound.
+
+A slot is released when the engine's work for it finishes, not when the awaiting request goes away: a
+client that disconnects mid-decision must not let more work onto the same llama.cpp context. A request
+that leaves while it still waits is simply taken out of the queue.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from semif_adapter.errors import ModelBusy
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+#: Runs several requests' items on the engine thread; per item its result, or the exception to raise.
+BatchFn = Callable[[Sequence[Any]], Sequence[Any]]
+
+
+@dataclass(eq=False)
+class _Work(Generic[T]):
+    """One admitted piece of engine work: a callable alone, or an item of a batch function."""
+
+    future: asyncio.Future[Any]
+    fn: Callable[[], Any] | None = None
+    batch: BatchFn | None = None
+    item: Any = None
+    counted: bool = True
+    queued_at: float = field(default_factory=time.perf_counter)
+    waited: float = 0.0
+
 
 class Admission:
-    def __init__(self, max_queue: int, retry_after_s: int, engine_nice: int = 0) -> None:
-        self.capacity = 1 + max_queue
+    def __init__(self, max_queue: int, retry_after_s: int, engine_nice: int = 0, max_batch: int = 1) -> None:
+        self.max_queue = max_queue
+        self.max_batch = max(1, max_batch)
         self.retry_after_s = retry_after_s
         self._admitted = 0  # running + waiting
-        self._lock = asyncio.Lock()
+        self._queue: deque[_Work[Any]] = deque()
+        self._wake: asyncio.Event | None = None
+        self._dispatcher: asyncio.Task[None] | None = None
         # one dedicated thread: llama.cpp always runs on the same OS thread, off the event loop
         self._executor = ThreadPoolExecutor(
             max_workers=1,
@@ -38,8 +68,16 @@ class Admission:
         self._idle.set()
 
     @property
+    def capacity(self) -> int:
+        return self.max_batch + self.max_queue
+
+    @property
     def admitted(self) -> int:
         return self._admitted
+
+    def set_max_batch(self, max_batch: int) -> None:
+        """The engine says how many requests it decodes together (1 in the fixed split)."""
+        self.max_batch = max(1, max_batch)
 
     def refuse_if_full(self) -> None:
         """Raise the fast 503 when no slot is free (callers may check before preparing any work)."""
@@ -50,53 +88,121 @@ class Admission:
             )
 
     async def run(self, fn: Callable[[], T]) -> tuple[T, float]:
-        """Run ``fn`` on the engine thread; returns (result, seconds spent waiting for the engine)."""
-        self.refuse_if_full()
-        self._admitted += 1
-        self._idle.clear()
-        queued_at = time.perf_counter()
-        released = False
+        """Run ``fn`` alone on the engine thread; returns (result, seconds spent waiting for the engine)."""
+        return await self._submit(_Work(self._future(), fn=fn))
 
-        def release(_: object = None) -> None:
-            nonlocal released
-            if released:
-                return
-            released = True
-            self._lock.release()
-            self._admitted -= 1
-            if self._admitted == 0:
-                self._idle.set()
-
-        try:
-            await self._lock.acquire()
-        except BaseException:
-            self._admitted -= 1
-            if self._admitted == 0:
-                self._idle.set()
-            raise
-        waited = time.perf_counter() - queued_at
-        future = asyncio.get_running_loop().run_in_executor(self._executor, fn)
-        try:
-            result = await asyncio.shield(future)
-        except asyncio.CancelledError:
-            future.add_done_callback(release)  # keep the slot until the engine is really free
-            raise
-        except BaseException:
-            release()
-            raise
-        release()
-        return result, waited
+    async def run_batched(self, batch: BatchFn, item: Any) -> tuple[Any, float]:
+        """Run ``item`` through ``batch`` together with the other items for ``batch`` waiting when the
+        engine frees up; returns (its result, seconds waited)."""
+        return await self._submit(_Work(self._future(), batch=batch, item=item))
 
     async def run_exclusive(self, fn: Callable[[], T]) -> T:
-        """Run on the engine thread regardless of capacity (start-up, health probes)."""
-        async with self._lock:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        """Run on the engine thread ahead of the queue, regardless of capacity (start-up, health probes)."""
+        work: _Work[T] = _Work(self._future(), fn=fn, counted=False)
+        self._queue.appendleft(work)
+        self._kick()
+        return await work.future
 
     async def drain(self) -> None:
         await self._idle.wait()
 
     def close(self) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
         self._executor.shutdown(wait=True)
+
+    # --- the queue ---------------------------------------------------------------------------------
+    @staticmethod
+    def _future() -> asyncio.Future[Any]:
+        return asyncio.get_running_loop().create_future()
+
+    async def _submit(self, work: _Work[Any]) -> tuple[Any, float]:
+        self.refuse_if_full()
+        self._admitted += 1
+        self._idle.clear()
+        self._queue.append(work)
+        self._kick()
+        try:
+            result = await asyncio.shield(work.future)
+        except asyncio.CancelledError:
+            if work in self._queue:  # never started: no engine work to wait for
+                self._queue.remove(work)
+                self._release(work)
+            else:  # its outcome arrives with nobody to read it
+                work.future.add_done_callback(_consume)
+            raise
+        return result, work.waited
+
+    def _kick(self) -> None:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+        if self._dispatcher is None or self._dispatcher.done():
+            self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch(), name="semif-dispatch")
+        self._wake.set()
+
+    def _release(self, work: _Work[Any]) -> None:
+        if work.counted:
+            self._admitted -= 1
+            if self._admitted == 0:
+                self._idle.set()
+
+    def _take(self) -> list[_Work[Any]]:
+        """The next work to run: the queue's head, with the waiting items of the same batch function."""
+        head = self._queue.popleft()
+        if head.batch is None:
+            return [head]
+        taken = [head]
+        for work in list(self._queue):
+            if len(taken) >= self.max_batch:
+                break
+            if work.batch == head.batch:  # a bound method: equal, not identical, each time
+                self._queue.remove(work)
+                taken.append(work)
+        return taken
+
+    async def _dispatch(self) -> None:
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            taken = self._take()
+            started = time.perf_counter()
+            for work in taken:
+                work.waited = started - work.queued_at
+            head = taken[0]
+            if head.batch is not None:
+                call: Callable[[], Any] = functools.partial(head.batch, [w.item for w in taken])
+            else:
+                assert head.fn is not None
+                call = head.fn
+            try:
+                value = await loop.run_in_executor(self._executor, call)
+            except BaseException as exc:  # the engine thread raised: every piece of this work gets it
+                if isinstance(exc, asyncio.CancelledError):
+                    for work in taken:
+                        self._release(work)
+                    raise
+                outcomes: Sequence[Any] = [exc] * len(taken)
+                failed = True
+            else:
+                outcomes = value if head.batch is not None else [value]
+                failed = False
+            for work, outcome in zip(taken, outcomes, strict=True):
+                self._release(work)
+                if work.future.done():
+                    continue
+                if isinstance(outcome, BaseException) and (failed or head.batch is not None):
+                    work.future.set_exception(outcome)
+                else:
+                    work.future.set_result(outcome)
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _lower_priority(nice: int) -> None:

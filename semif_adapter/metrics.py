@@ -53,6 +53,15 @@ class Metrics:
         self.in_flight = Gauge(
             "semif_engine_admitted", "Requests running or waiting for the engine", registry=r
         )
+        self.batch_requests = Histogram(
+            "semif_batch_requests",
+            "Requests decoded together per engine batch (shared llama_decode calls in invariant numerics)",
+            buckets=(1, 2, 3, 4, 6, 8, 16, 32, 64),
+            registry=r,
+        )
+        self.max_batch_requests = Gauge(
+            "semif_max_batch_requests", "Requests the engine decodes together at most", registry=r
+        )
         self._identity_gauges(r)
 
     def _identity_gauges(self, r: CollectorRegistry) -> None:

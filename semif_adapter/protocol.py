@@ -153,6 +153,9 @@ class ModelInfo(BaseModel):
     batch_sequences: int = Field(
         default=1, description="Decisions decoded together in one llama_decode call."
     )
+    max_batch_requests: int = Field(
+        default=1, description="Requests decoded together in shared llama_decode calls (1: one at a time)."
+    )
     scoring: ScoringVersion = Field(description="What fixes the numbers; results carry its ``version``.")
     kernels: CpuKernels = Field(description="The CPU kernels llama.cpp runs and where the weights live.")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,6 +105,8 @@ class DecisionService:
             message = str(exc) if isinstance(exc, SemifError) else f"{type(exc).__name__}: {exc}"
             self._fail(f"model load failed: {message}")
             return
+        self.admission.set_max_batch(getattr(self.engine, "max_batch_requests", 1))
+        self.metrics.max_batch_requests.set(self.admission.max_batch)
         self.phase = Phase.ready
         self.metrics.ready.set(1)
         info = self.engine.model_info
@@ -124,6 +126,7 @@ class DecisionService:
                 "numerics": info.numerics,
                 "numerics_reason": info.numerics_reason,
                 "batch_sequences": info.batch_sequences,
+                "max_batch_requests": info.max_batch_requests,
                 "scoring_version": info.scoring.version,
                 "scoring": info.scoring.model_dump(),
                 "kernels": info.kernels.model_dump(),
@@ -202,9 +205,32 @@ class DecisionService:
         return (await self.score_timed(decisions)).batch
 
     async def score_timed(self, decisions: Sequence[Decision]) -> Scored:
-        engine = self._require_ready()
-        batches, waited, engine_s = await self._admit(lambda cancel: [engine.score(decisions, cancel=cancel)])
+        """One request's decisions, decoded together with the other requests waiting when the engine
+        frees up (``Admission.run_batched``; in invariant numerics their calls are shared)."""
+        self._require_ready()
+
+        async def submit(cancel: Deadline) -> tuple[list[BatchResult], float, float]:
+            (batch, engine_s), waited = await self.admission.run_batched(
+                self._score_batch, (decisions, cancel)
+            )
+            return [batch], waited, engine_s
+
+        batches, waited, engine_s = await self._admit(submit)
         return Scored(batches[0], waited, engine_s)
+
+    def _score_batch(
+        self, items: Sequence[tuple[Sequence[Decision], Deadline]]
+    ) -> list[tuple[BatchResult, float] | BaseException]:
+        """On the engine thread: the requests waiting together, each its result (and the batch's engine
+        seconds) or the error that ended it."""
+        engine = self.engine
+        assert engine is not None
+        started = time.perf_counter()
+        self.metrics.batch_requests.observe(len(items))
+        many = getattr(engine, "score_many", None)  # stand-in engines may score one request at a time
+        outcomes = many(list(items)) if many is not None else [_scored(engine, d, c) for d, c in items]
+        elapsed = time.perf_counter() - started
+        return [o if isinstance(o, BaseException) else (o, elapsed) for o in outcomes]
 
     async def score_groups(
         self, groups: Sequence[Sequence[Decision]]
@@ -212,18 +238,31 @@ class DecisionService:
         """Several same-state groups as ONE admitted operation (jsonlines bodies)."""
         engine = self._require_ready()
 
-        def run(cancel: Deadline | None) -> list[BatchResult]:
+        def run(cancel: Deadline) -> list[BatchResult]:
+            many = getattr(engine, "score_many", None)  # the groups decoded together where it can
+            if many is not None:
+                outcomes = many([(group, cancel) for group in groups])
+            else:
+                outcomes = [_scored(engine, group, cancel) for group in groups]
             batches = []
-            for index, group in enumerate(groups):
-                try:
-                    batches.append(engine.score(group, cancel=cancel))
-                except SemifError as exc:
-                    if not exc.loc:  # about no decision (a deadline, a disconnect, a fault): as it is
-                        raise
-                    raise GroupFailed(index, exc) from exc
+            for index, outcome in enumerate(outcomes):
+                if isinstance(outcome, SemifError) and outcome.loc:  # about a decision: name its line
+                    raise GroupFailed(index, outcome) from outcome
+                if isinstance(outcome, BaseException):  # a deadline, a disconnect, a fault: as it is
+                    raise outcome
+                batches.append(outcome)
             return batches
 
-        return await self._admit(run)
+        async def submit(cancel: Deadline) -> tuple[list[BatchResult], float, float]:
+            def timed() -> tuple[list[BatchResult], float]:
+                t0 = time.perf_counter()
+                value = run(cancel)
+                return value, time.perf_counter() - t0
+
+            (batches, engine_s), waited = await self.admission.run(timed)
+            return batches, waited, engine_s
+
+        return await self._admit(submit)
 
     def _deadline(self) -> tuple[Deadline, request_scope.RequestScope | None]:
         """The request's cancel token: its HTTP scope's deadline, else the server's (direct callers)."""
@@ -233,24 +272,19 @@ class DecisionService:
         return Deadline(limit, started=started, estimate=self.throughput.seconds_for), scope
 
     async def _admit(
-        self, fn: Callable[[Deadline | None], list[BatchResult]]
+        self, submit: Callable[[Deadline], Awaitable[tuple[list[BatchResult], float, float]]]
     ) -> tuple[list[BatchResult], float, float]:
+        """Admit one request (or refuse it with the fast 503) and await its work under its deadline."""
         try:
             self.admission.refuse_if_full()  # the busy answer stays fast: no deadline machinery for it
         except ModelBusy:
             self.metrics.busy_rejections.inc()
             raise
         deadline, scope = self._deadline()
-
-        def timed() -> tuple[list[BatchResult], float]:
-            t0 = time.perf_counter()
-            value = fn(deadline)
-            return value, time.perf_counter() - t0
-
         self._in_flight.add(deadline)
         try:
             async with request_scope.guard(deadline, scope):
-                (batches, engine_s), waited = await self.admission.run(timed)
+                batches, waited, engine_s = await submit(deadline)
         except ModelBusy:
             self.metrics.busy_rejections.inc()
             raise
@@ -287,3 +321,10 @@ class DecisionService:
             await self.admission.run_exclusive(self._warm_up)
         except Exception as exc:
             self._fail(f"engine failed its health probe after an error: {exc}")
+
+
+def _scored(engine: Engine, decisions: Sequence[Decision], cancel: Deadline) -> BatchResult | BaseException:
+    try:
+        return engine.score(decisions, cancel=cancel)
+    except Exception as exc:  # handed to the request's waiter, which raises it
+        return exc

@@ -54,6 +54,14 @@ class EngineSettings(BaseSettings):
         description="Invariant numerics: decisions decoded together in one llama_decode call, each in a KV "
         "stream of its own (the context holds 1 + this many streams of n_ctx cells).",
     )
+    max_batch_requests: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Invariant numerics: requests decoded together in shared llama_decode calls (those "
+        "waiting when the engine frees up); more wait up to SEMIF_MAX_QUEUE, then get 503. A batch holds "
+        "at most n_ctx tokens of prefixes; a longer request runs alone. The fixed split runs one at a time.",
+    )
     flash_attention: bool = Field(
         default=False,
         description="Flash attention in invariant numerics (its tiles follow the batch on CPU, so the probe "

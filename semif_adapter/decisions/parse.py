@@ -31,7 +31,6 @@ JSONLINES_TYPES = {
 }
 
 
-
 def is_jsonlines(request: Request) -> bool:
     """True for a JSON Lines body; raises 415 for a type that is neither JSON nor JSON Lines."""
     media_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()

@@ -85,6 +85,7 @@ class Deadline:
         # Two bytes, the second always NUL: the runtime's abort callback reads the first as a C string
         # length, so "\x01\0" aborts and "\0\0" continues.
         self._flag = ctypes.create_string_buffer(2)
+        self._listeners: list[Callable[[Deadline], None]] = []
 
     # --- state --------------------------------------------------------------------------------
     @property
@@ -102,9 +103,21 @@ class Deadline:
     def cancel(self, reason: str = DISCONNECTED) -> None:
         """Stop the work at the next check point; the first reason wins."""
         with self._lock:
+            if self.reason is not None:
+                return
+            self.reason = reason
+            self._flag[0] = b"\x01"
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(self)
+
+    def on_cancel(self, listener: Callable[[Deadline], None]) -> None:
+        """Call ``listener(self)`` once when the token is cancelled (at once if it already is)."""
+        with self._lock:
             if self.reason is None:
-                self.reason = reason
-                self._flag[0] = b"\x01"
+                self._listeners.append(listener)
+                return
+        listener(self)
 
     def expire(self) -> None:
         self.cancel(DEADLINE)
@@ -160,3 +173,31 @@ class Deadline:
             tokens_needed=needed,
             limit_s=self.limit_s,
         )
+
+
+class Joint(Deadline):
+    """The cancel token of a decode call that several requests share: it aborts the call only once every
+    member is cancelled, so one caller's deadline or disconnect never stops another's work mid-call
+    (the engine drops a cancelled member between calls; see ``engine.shared_calls``).
+
+    Its own counts are not the members': the engine gives each member its share of a shared call."""
+
+    def __init__(self, members: list[Deadline]) -> None:
+        super().__init__(None)
+        self.members = list(dict.fromkeys(members))  # one request may bring several parts
+        for member in self.members:
+            member.on_cancel(self._member_cancelled)
+
+    def _member_cancelled(self, _member: Deadline) -> None:
+        if all(member.cancelled for member in self.members):
+            self.cancel(self.members[0].reason or DISCONNECTED)
+
+    def check(self) -> None:
+        for member in self.members:  # an expired member is noticed here, between calls
+            if (
+                member.reason is None
+                and member.expires_at is not None
+                and time.monotonic() >= member.expires_at
+            ):
+                member.expire()
+        super().check()

@@ -45,8 +45,10 @@ from semif_adapter.engine.planner import Planned, Planner
 from semif_adapter.engine.prefill import Prefill
 from semif_adapter.engine.prefix_cache import CacheStats, PrefixCache
 from semif_adapter.engine.prompt import PROMPT_VERSION, Scaffold
+from semif_adapter.engine.request_batches import RequestBatches
 from semif_adapter.engine.results import ResultBuilder
-from semif_adapter.errors import EngineFailure, ModelLoadError, SemifError
+from semif_adapter.engine.shared_calls import SharedCalls
+from semif_adapter.errors import ModelLoadError, SemifError
 from semif_adapter.model.calibration import Calibration, apply_temperature, find_calibration, stale_reason
 from semif_adapter.model.identity import model_sha256
 from semif_adapter.model.manifest import verify_model_file
@@ -101,6 +103,7 @@ class DecisionEngine:
         )
         self.prefill = Prefill(runtime, self.planner, self.prefix_cache)
         self.branches = Branches(runtime, self.prefill)
+        self.shared = SharedCalls(runtime, self.prefill, self.branches)
         # invariant numerics branch by sequence copy (one stream per decision); a probe decides both
         if settings.fork_mode != "auto":
             self.prefill.fork_mode = settings.fork_mode
@@ -119,6 +122,7 @@ class DecisionEngine:
         self.results = ResultBuilder(
             self.model_info, runtime.piece, self._probabilities, self.calibration_stale
         )
+        self.batches = RequestBatches(self.planner, self.prefill, self.shared, self.results, self)
 
     @classmethod
     def load(cls, settings: EngineSettings, gguf_path: Path | None = None) -> DecisionEngine:
@@ -216,6 +220,11 @@ class DecisionEngine:
     def max_options(self) -> int:
         return self.planner.labels.capacity
 
+    @property
+    def max_batch_requests(self) -> int:
+        """Requests :meth:`score_many` decodes together: the setting in invariant numerics, else 1."""
+        return self.settings.max_batch_requests if self.invariant else 1
+
     def close(self) -> None:
         self.runtime.close()
 
@@ -229,19 +238,17 @@ class DecisionEngine:
         half-written), so the next request starts from clean memory and answers bit-identically.
         """
         started = time.perf_counter()
-        prefix_tokens, planned, cuts = self.planner.plan(self.planner.parse(decisions))
-        if cancel is not None:
-            to_prefill = len(prefix_tokens) - self.prefill.reusable(prefix_tokens, cuts)
-            cancel.begin(to_prefill + sum(len(p.suffix_tokens) for p in planned))
-        try:
-            decoded = self._decode(prefix_tokens, planned, cuts, cancel)
-            return self.results.build(prefix_tokens, planned, decoded, started)
-        except SemifError:
-            self.prefill.reset(wipe=True)
-            raise
-        except Exception as exc:  # a ctypes/numpy fault is an engine failure, never the caller's
-            self.prefill.reset(wipe=True)
-            raise EngineFailure(f"engine fault: {type(exc).__name__}: {exc}") from exc
+        outcome = self.batches.alone(self.batches.plan(decisions, cancel), started)
+        if isinstance(outcome, SemifError):
+            raise outcome
+        return outcome
+
+    def score_many(
+        self, jobs: Sequence[tuple[Sequence[Decision | Mapping[str, Any]], Deadline | None]]
+    ) -> list[BatchResult | SemifError]:
+        """Score several requests (each its decisions and cancel token): per request its result or its
+        error; in invariant numerics decoded together, bit-identical to each alone (``request_batches``)."""
+        return self.batches.score_many(jobs, self.max_batch_requests)
 
     def prompt_tokens(
         self, decisions: Sequence[Decision | Mapping[str, Any]]
@@ -271,7 +278,7 @@ class DecisionEngine:
         self.prefix_cache.clear()
 
     # --- one request ------------------------------------------------------------------------------
-    def _decode(
+    def decode_planned(
         self, prefix_tokens: list[int], planned: list[Planned], cuts: Cuts, cancel: Deadline | None
     ) -> Decoded:
         branches = self.branches
@@ -351,6 +358,7 @@ class DecisionEngine:
             numerics_reason=self.verdict.reason,
             numerics_min_piece=self.verdict.min_piece if self.invariant else 0,
             batch_sequences=runtime.n_seq_max - 1 if self.invariant else 1,
+            max_batch_requests=self.max_batch_requests,
             scoring=ScoringVersion(**self.scoring.as_dict()),
             kernels=_kernels_of(self.runtime),
         )

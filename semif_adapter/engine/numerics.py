@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 INVARIANT = "invariant"
 FIXED_SPLIT = "fixed-split"
 #: Bumped whenever the probe's cases change, so a cached verdict of an older probe is not reused.
-PROBE_VERSION = 4
+PROBE_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,26 @@ class _Decoder:
             for seq in seqs:
                 runtime.drop(seq)
 
+    def short_and_long(
+        self, suffix: Sequence[int], other: Sequence[int], head: int, together: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Two requests of other lengths: ``suffix`` after only the prefix's first ``head`` tokens (a
+        short sequence, stream 1) and ``other`` after the whole prefix (stream 2), in ONE call when
+        ``together`` (else each alone); the last position's logits of each."""
+        runtime, n = self.runtime, len(self.prefix)
+        runtime.decode_parts([Part(self.prefix[:head], 0, 1, False)])
+        runtime.fork(PREFIX_SEQ, 2)
+        try:
+            short, long = Part(list(suffix), head, 1), Part(list(other), n, 2)
+            if together:
+                rows = runtime.decode_parts([short, long])
+                return runtime.logits_at(rows[0]).copy(), runtime.logits_at(rows[1]).copy()
+            first = runtime.logits_at(runtime.decode_parts([short])[0]).copy()
+            return first, runtime.logits_at(runtime.decode_parts([long])[0]).copy()
+        finally:
+            runtime.drop(1)
+            runtime.drop(2)
+
 
 #: Prefix tokens the probe decodes again in other calls (the rest is decoded once).
 PROBE_TAIL = 48
@@ -131,7 +151,8 @@ def probe(runtime: LlamaRuntime, prefix: Sequence[int], suffixes: Sequence[Seque
     on a copy. First the shortest safe piece: a suffix with its last k tokens in a call of their own, for k
     around each candidate (``calls``). Then, with pieces at least that long: suffixes whose lengths are
     that far apart in one shared call, shortest and longest first; a suffix in the last stream; the
-    prefix's tail in calls of 2 × min_piece; the prefix's tail in the suffix's own call.
+    prefix's tail in calls of 2 × min_piece; the prefix's tail in the suffix's own call; a short
+    sequence and a long one (two requests about other states) in one call.
     """
     if not runtime.invariant:
         return Verdict(FIXED_SPLIT, "the context is not in the invariant configuration")
@@ -219,6 +240,15 @@ def _check_shared_calls(
     decoder.tail(2 * min_piece, min_piece)
     checks[f"prefix tail in {2 * min_piece}-token calls"] = _gap(
         decoder.branches([ordered[first]])[0], reference(first)
+    )
+    # other requests in the call: a short sequence (a few dozen cells) beside the whole prefix (a longer
+    # one), as when requests about other states share a call
+    short, long = ordered[use[0]], ordered[use[1]]
+    head = 2 * min_piece
+    alone = decoder.short_and_long(short, long, head, together=False)
+    both = decoder.short_and_long(short, long, head, together=True)
+    checks["requests of other lengths in one call"] = max(
+        _gap(a, b) for a, b in zip(alone, both, strict=True)
     )
     merged = decoder.tail(runtime.n_batch, min_piece, ordered[first])[0]
     checks["prefix tail in the suffix's call"] = _gap(merged, reference(first))

@@ -75,9 +75,8 @@ class Planner:
                 raise DecisionValidationError(first["msg"], loc=("decisions", index, *first["loc"])) from exc
         check_shared_batch(parsed, self.settings.max_decisions, self.settings.max_options)
         return parsed
-    def plan(
-        self, decisions: list[Decision], budget: bool = True
-    ) -> tuple[list[int], list[Planned], Cuts]:
+
+    def plan(self, decisions: list[Decision], budget: bool = True) -> tuple[list[int], list[Planned], Cuts]:
         """Tokens, labels and cuts of a request; ``budget=False`` skips the context and token limits
         (the scoring version's reference requests are planned whatever the context size)."""
         tokenize = self.runtime.tokenize
@@ -121,6 +120,7 @@ class Planner:
                 loc=("decisions",),
             )
         return prefix_tokens, planned, self.cuts_for(prefix_text, state_text, user_tokens)
+
     def cuts_for(self, text: DecisionText, state_text: str, user_tokens: list[int]) -> Cuts:
         """Where the prefix (the head, then ``user_tokens`` spelling ``text.prefix_user``) is cut
         (``chunking``): a JSON array's elements, or the head and blocks up to the state's end."""
@@ -135,8 +135,10 @@ class Planner:
                 return event_cuts([n_head + a for a in anchors], n_tokens, self.block_tokens, self.head_cut)
         end = stable_end(text.prefix_user, text.state_at, state_text, ends)
         return self.block_cuts(n_tokens, None if end is None else n_head + end)
+
     def block_cuts(self, n_tokens: int, limit: int | None = None) -> Cuts:
         return block_cuts(n_tokens, self.block_tokens, self.head_cut, limit)
+
     def refuse_oversized(self, prefix_user: str) -> None:
         """Refuse a state that cannot fit without tokenizing all of it (a 6 MB state is 2.6 M tokens and
         seconds of engine time): count it in slices cut at a space or comma and stop once the count has passed
@@ -168,6 +170,7 @@ class Planner:
                     f"{len(prefix_user)} characters, then stopped); {where}",
                     loc=("decisions", 0, "state"),
                 )
+
     def reference_text(self, request: Sequence[Mapping[str, Any]]) -> list[str]:
         """The exact text a request renders to: the template around it, each decision's prompt."""
         scaffold = self.scaffold
@@ -178,6 +181,7 @@ class Planner:
             text = decision_text(scaffold, decision.state_text, decision.question, shown)
             texts.append(text.prefix_user + text.suffix_user)
         return texts
+
     def reference_plan(self, request: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """What a request decodes: the prefix tokens and cuts, each suffix and its label tokens."""
         prefix_tokens, planned, cuts = self.plan(self.parse(request), budget=False)

@@ -69,9 +69,7 @@ class Prefill:
             return 0
         return self.prefix_cache.peek(tuple(prefix_tokens), cuts)[1]
 
-    def fill(
-        self, prefix_tokens: list[int], cancel: Deadline | None = None, cuts: Cuts | None = None
-    ) -> int:
+    def fill(self, prefix_tokens: list[int], cancel: Deadline | None = None, cuts: Cuts | None = None) -> int:
         """Make sequence 0 hold exactly ``prefix_tokens``; returns how many tokens were reused.
 
         Chunks follow ``cuts`` (default: the head and blocks) whatever is reused, so each token is
@@ -155,9 +153,7 @@ class Prefill:
                     saved[end] = state
         return saved
 
-    def fill_shared(
-        self, prefix_tokens: list[int], cuts: Cuts, cancel: Deadline | None
-    ) -> tuple[int, int]:
+    def fill_shared(self, prefix_tokens: list[int], cuts: Cuts, cancel: Deadline | None) -> tuple[int, int]:
         """Invariant numerics: sequence 0 holds the prefix up to its tail; returns the tokens reused and
         where the tail (left to the decisions' calls) starts.
 

@@ -135,4 +135,3 @@ def guarded_protocol(
         "guard_overload": _overload_response(max_connections, retry_after_s),
     }
     return type("GuardedH11Protocol", (GuardedH11Protocol,), attributes)
-

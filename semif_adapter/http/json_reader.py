@@ -234,9 +234,7 @@ def read_json(data: bytes, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
             parse_constant=hooks.constant,
         )
     except json.JSONDecodeError as exc:
-        raise JsonError(
-            f"malformed JSON: {exc.msg}", line=exc.lineno, column=exc.colno, pos=exc.pos
-        ) from exc
+        raise JsonError(f"malformed JSON: {exc.msg}", line=exc.lineno, column=exc.colno, pos=exc.pos) from exc
     except RecursionError as exc:
         pos = _too_deep_at(text, max_depth)
         line, column = _at(text, pos)

@@ -12,7 +12,6 @@ fixed split keeps its own guarantees.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -141,14 +140,6 @@ def test_the_verdict_is_kept_per_library_and_model_gemma(gemma_gguf: Path, tmp_p
 
 
 # --- answers -------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module", params=["gemma", "qwen"])
-def fixed_engine(request: pytest.FixtureRequest) -> Iterator[DecisionEngine]:
-    gguf = request.getfixturevalue(f"{request.param}_gguf")
-    engine = DecisionEngine.load(engine_settings(numerics="fixed-split"), gguf)
-    yield engine
-    engine.close()
-
-
 def _answers(engine: DecisionEngine, batch: list[dict], *, cold: bool = True) -> dict[str, tuple]:
     if cold:
         engine.reset_prefix_cache()

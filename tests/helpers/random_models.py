@@ -309,7 +309,15 @@ QWEN35_SMALL = Qwen35Shape(
     ssm_state=32, ssm_groups=8, ssm_v_heads=16, ssm_conv=4, rope_dims=16, rope_sections=(3, 3, 2, 0),
     n_vocab=None, context_length=32_768,
 )  # fmt: skip
-SHAPES = {"4b": QWEN35_4B, "small": QWEN35_SMALL}
+# A 0.8B-class model in the same layout, for CPU timings on a small machine (the peer benchmark's hybrid
+# row): the 4B's head sizes, delta-net heads and vocabulary, narrower and shallower (24 layers, one in four
+# full attention). Chosen, not copied from a released config: its compute is what matters here.
+QWEN35_08B = Qwen35Shape(
+    n_embd=1024, n_layer=24, n_head=8, n_head_kv=2, head_dim=256, n_ff=3584, full_attention_interval=4,
+    ssm_state=128, ssm_groups=16, ssm_v_heads=16, ssm_conv=4, rope_dims=64, rope_sections=(11, 11, 10, 0),
+    n_vocab=248_320, context_length=262_144,
+)  # fmt: skip
+SHAPES = {"4b": QWEN35_4B, "0.8b": QWEN35_08B, "small": QWEN35_SMALL}
 POOL_VALUES = 1 << 24  # the random pool every matrix is cut from (32 MiB of f16)
 
 

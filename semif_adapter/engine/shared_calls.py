@@ -1,0 +1,297 @@
+"""Several requests decoded together (invariant numerics): one request's prefill after another, then the
+prefix tails and every decision of every request in shared ``llama_decode`` calls.
+
+Why this keeps every answer bit-identical: with the invariant kernels (``numerics``) a sequence's logits
+depend neither on how its tokens were grouped into calls nor on the other sequences in a call, as long
+as no sequence gets a short piece of a micro-batch (``calls``). So a decision's suffix may be decoded
+beside another request's suffix, on a copy of its own request's prefix, and give what it gives alone.
+The probe proves this at load on the library and model actually loaded, including a short sequence
+decoded beside a much longer one (other requests' prefixes have other lengths).
+
+How the requests' states meet: the context holds one prefix (sequence 0) and ``n_seq_max - 1`` branch
+streams. Each request's prefix is filled into sequence 0 in turn (the prefix cache serving what it
+can, exactly as for a lone request) and, when another request will take sequence 0 after it, its
+state is saved to host memory (``llama_state_seq_get_data``, a copy of its cells). A branch stream is
+then seeded from that copy, or forked from sequence 0 for the request that holds it. A long prefix tail
+is decoded once per request (tails of several requests share calls) and its state saved the same way;
+a short one is decoded in each decision's own run, as ``Branches.decode_shared`` does.
+
+Each request keeps its own deadline and errors: a member cancelled while a shared call runs is dropped
+after the call (the call itself aborts only when every member is cancelled, ``Joint``), one whose
+prefill fails gets that error while the others go on; a fault of llama.cpp itself fails every request
+still in the batch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from semif_adapter.engine.branches import TAIL_COPY_TOKENS, Branches, Decoded, Readout
+from semif_adapter.engine.calls import group_calls, pieces
+from semif_adapter.engine.chunking import Cuts
+from semif_adapter.engine.deadline import Deadline, Joint
+from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime, Part
+from semif_adapter.engine.planner import Planned
+from semif_adapter.engine.prefill import Prefill
+from semif_adapter.errors import EngineFailure, SemifError
+
+#: What a request brings to a shared batch: its prefix tokens, planned decisions, cuts and cancel token.
+Job = tuple[list[int], list[Planned], Cuts, Deadline | None]
+#: Per request: what it decoded, or the error that ended it.
+Outcome = Decoded | SemifError
+
+
+@dataclass
+class _Source:
+    """Where a request's branches start: sequence 0 itself while the request holds it, else a saved copy;
+    ``at``: the position its runs start from."""
+
+    at: int
+    state: ctypes.Array[ctypes.c_uint8] | None = None
+
+
+@dataclass
+class _Run:
+    """One sequence's tokens from its request's source; ``decision`` None: a prefix tail (state kept)."""
+
+    job: int
+    decision: int | None
+    tokens: list[int]
+    labels: list[int] = field(default_factory=list)
+
+
+class SharedCalls:
+    """Decodes a batch of requests (each already parsed and planned) in shared calls; invariant only."""
+
+    def __init__(self, runtime: LlamaRuntime, prefill: Prefill, branches: Branches) -> None:
+        self.runtime = runtime
+        self.prefill = prefill
+        self.branches = branches
+
+    def decode(self, jobs: Sequence[Job]) -> list[Outcome]:
+        """Every job's decisions decoded; per job its ``Decoded`` or the error that ended it (never raises
+        for one job's failure)."""
+        self._outcomes: list[Outcome | None] = [None] * len(jobs)
+        self._jobs = list(jobs)
+        self._seconds = [[0.0] * len(j[1]) for j in jobs]
+        self._readouts: list[list[Readout | None]] = [[None] * len(j[1]) for j in jobs]
+        try:
+            sources, prefill = self._prefills()
+            tails = [r for r in self._tail_runs(sources) if self._outcomes[r.job] is None]
+            self._decode_runs(tails, sources)
+            runs = [
+                _Run(j, i, self._jobs[j][0][sources[j].at :] + p.suffix_tokens, p.label_ids)
+                for j, source in sources.items()
+                if self._outcomes[j] is None
+                for i, p in enumerate(self._jobs[j][1])
+            ]
+            self._decode_runs(runs, sources)
+        except SemifError as exc:  # the engine itself failed: every request still here gets the error
+            self._fail_all(exc)
+        except Exception as exc:  # a ctypes/numpy fault is an engine failure, never a caller's
+            self._fail_all(EngineFailure(f"engine fault: {type(exc).__name__}: {exc}"))
+        outcomes: list[Outcome] = []
+        for j, outcome in enumerate(self._outcomes):
+            if outcome is None:
+                seconds, reused = prefill[j]
+                forwards = [(r, t) for r, t in zip(self._readouts[j], self._seconds[j], strict=True) if r]
+                outcome = (seconds, reused, forwards)
+            outcomes.append(outcome)
+        return outcomes
+
+    # --- the prefills, one request after another -------------------------------------------------
+    def _prefills(self) -> tuple[dict[int, _Source], dict[int, tuple[float, int]]]:
+        """Fill each request's prefix into sequence 0 (up to its tail); save the state of each but the
+        last one filled. A request whose prefill fails gets its error; the context is emptied."""
+        sources: dict[int, _Source] = {}
+        done: dict[int, tuple[float, int]] = {}
+        holder: int | None = None  # the request whose prefix sequence 0 holds
+        for j, (prefix_tokens, _, cuts, cancel) in enumerate(self._jobs):
+            if cancel is not None:
+                try:
+                    cancel.check()
+                except SemifError as exc:
+                    self._outcomes[j] = exc
+                    continue
+            if holder is not None and self.prefill.keeps(prefix_tokens, cuts):
+                sources[j] = sources[holder]  # the same prefix as the holder's: share its state
+                done[j] = (0.0, len(prefix_tokens))
+                continue
+            if holder is not None:  # another prefix takes sequence 0: keep a copy of this one
+                sources[holder].state = self.runtime.save_seq(PREFIX_SEQ)
+                holder = None
+            t0 = time.perf_counter()
+            kept = self.prefill.keeps(prefix_tokens, cuts)
+            try:
+                reused, tail_at = self.prefill.fill_shared(prefix_tokens, cuts, cancel)
+            except SemifError as exc:
+                self._outcomes[j] = exc
+                self.prefill.reset(wipe=True)
+                continue
+            self.prefill.keep(prefix_tokens, cuts, tail_at)
+            done[j] = (0.0 if kept else time.perf_counter() - t0, reused)
+            sources[j] = _Source(tail_at)
+            holder = j
+        self._holder = sources[holder] if holder is not None else None
+        return sources, done
+
+    def _tail_runs(self, sources: dict[int, _Source]) -> list[_Run]:
+        """A request's prefix tail decoded once (then saved) when copying it into every decision's run
+        would cost more than ``TAIL_COPY_TOKENS`` tokens, the rule ``Branches.decode_shared`` follows.
+
+        Not on a sliding-window model: a saved state holds only the window's cells, so a tail restored
+        from one would sit in another cache layout than a tail forked on (``Prefill.decode_chunks``);
+        there every decision's run carries the tail."""
+        if self.runtime.n_swa > 0:
+            return []
+        runs, seen = [], set()
+        for j, source in sources.items():
+            if id(source) in seen:
+                continue
+            seen.add(id(source))
+            prefix_tokens = self._jobs[j][0]
+            tail = prefix_tokens[source.at :]
+            sharing = [k for k, s in sources.items() if s is source]
+            decisions = sum(len(self._jobs[k][1]) for k in sharing)
+            if len(tail) >= self.prefill.min_piece and len(tail) * (decisions - 1) > TAIL_COPY_TOKENS:
+                runs.append(_Run(j, None, tail))
+        return runs
+
+    # --- shared calls ---------------------------------------------------------------------------
+    def _decode_runs(self, runs: list[_Run], sources: dict[int, _Source]) -> None:
+        """Decode ``runs`` in calls ``calls.group_calls`` allows, each on a stream seeded from its request's
+        source; a call's members whose request was cancelled meanwhile are dropped before the next."""
+        runtime, limit, min_piece = self.runtime, self.runtime.n_batch, self.prefill.min_piece
+        width = runtime.n_seq_max - 1
+        pending = list(runs)
+        while pending:
+            self._drop_cancelled()
+            pending = [r for r in pending if self._outcomes[r.job] is None]
+            if not pending:
+                return
+            spans = [pieces(0, len(r.tokens), limit, min_piece) for r in pending]
+            lasts = [b - a for a, b in (s[-1] for s in spans)]
+            call = group_calls(lasts, limit, min_piece, width)[0]
+            members = [pending[i] for i in call]
+            self._call(members, [spans[i] for i in call], sources)
+            taken = set(call)
+            pending = [r for i, r in enumerate(pending) if i not in taken]
+
+    def _call(
+        self, members: list[_Run], spans: list[list[tuple[int, int]]], sources: dict[int, _Source]
+    ) -> None:
+        """One planned call: each member's stream seeded, its leading pieces (a run longer than a call)
+        decoded alone, then the last pieces of those still live together."""
+        runtime = self.runtime
+        seqs = list(range(1, 1 + len(members)))
+        try:
+            for run, seq in zip(members, seqs, strict=True):
+                self._seed(seq, sources[run.job])
+            for run, seq, run_spans in zip(members, seqs, spans, strict=True):
+                self._lead(run, seq, run_spans[:-1], sources[run.job].at)
+            live = [
+                (r, q, s[-1][0])
+                for r, q, s in zip(members, seqs, spans, strict=True)
+                if self._outcomes[r.job] is None
+            ]
+            if live:
+                self._together(live, sources)
+        finally:
+            for seq in seqs:
+                runtime.drop(seq)
+
+    def _lead(self, run: _Run, seq: int, spans: list[tuple[int, int]], start: int) -> None:
+        cancel = self._jobs[run.job][3]
+        for a, b in spans:
+            t = time.perf_counter()
+            try:
+                self.runtime.decode_parts([Part(run.tokens[a:b], start + a, seq, False)], cancel)
+            except SemifError as exc:
+                if cancel is None or not cancel.cancelled:
+                    raise
+                self._outcomes[run.job] = exc
+                return
+            finally:
+                self._add_seconds(run, time.perf_counter() - t)
+
+    def _together(self, live: list[tuple[_Run, int, int]], sources: dict[int, _Source]) -> None:
+        """The members' last pieces (each from offset ``a`` of its run) in ONE call, aborted only when every
+        member is cancelled; then each member's share of its seconds, and its readout or saved tail."""
+        runtime = self.runtime
+        parts = [Part(r.tokens[a:], sources[r.job].at + a, q, r.decision is not None) for r, q, a in live]
+        tokens = sum(len(p.tokens) for p in parts)
+        cancels = [c for c in (self._jobs[r.job][3] for r, _, _ in live) if c is not None]
+        joint = Joint(cancels) if len(live) == len(cancels) and cancels else None
+        t = time.perf_counter()
+        try:
+            rows = iter(runtime.decode_parts(parts, joint))
+        except SemifError:
+            if joint is None or not joint.cancelled:
+                raise
+            for r, _, _ in live:
+                self._outcomes[r.job] = self._jobs[r.job][3].error()  # type: ignore[union-attr]
+            return
+        elapsed = time.perf_counter() - t
+        for (run, seq, _), part in zip(live, parts, strict=True):
+            share = elapsed * len(part.tokens) / tokens
+            self._add_seconds(run, share)
+            cancel = self._jobs[run.job][3]
+            if cancel is not None:
+                cancel.advance(len(part.tokens), share)
+            if run.decision is None:
+                tail_end = sources[run.job].at + len(run.tokens)
+                self._saved_tail(run.job, sources, runtime.save_seq(seq), tail_end)
+                continue
+            try:
+                readout = self.branches.read(run.labels, runtime.logits_at(next(rows)))
+            except SemifError as exc:  # this decision's row only (non-finite logits)
+                self._outcomes[run.job] = exc
+                continue
+            self._readouts[run.job][run.decision] = readout
+
+    def _seed(self, seq: int, source: _Source) -> None:
+        """Stream ``seq`` starts as a copy of its request's prefix: forked from sequence 0 while the request
+        holds it, else restored from its saved state."""
+        if source.state is None:
+            if source is not self._holder:
+                raise EngineFailure("a shared batch lost a request's prefix state")
+            self.runtime.fork(PREFIX_SEQ, seq)
+        else:
+            self.runtime.restore_seq(seq, source.state)
+
+    def _saved_tail(
+        self, job: int, sources: dict[int, _Source], state: ctypes.Array[ctypes.c_uint8], at: int
+    ) -> None:
+        """The tail's run ended: the request (and those sharing its prefix) start their decisions there."""
+        old = sources[job]
+        new = _Source(at, state)
+        for k, source in list(sources.items()):
+            if source is old:
+                sources[k] = new
+
+    def _add_seconds(self, run: _Run, seconds: float) -> None:
+        """A tail's seconds are spread over its request's decisions; a decision's are its own."""
+        row = self._seconds[run.job]
+        if run.decision is not None:
+            row[run.decision] += seconds
+        elif row:
+            for i in range(len(row)):
+                row[i] += seconds / len(row)
+
+    def _drop_cancelled(self) -> None:
+        for j, job in enumerate(self._jobs):
+            cancel = job[3]
+            if self._outcomes[j] is None and cancel is not None:
+                try:
+                    cancel.check()
+                except SemifError as exc:
+                    self._outcomes[j] = exc
+
+    def _fail_all(self, error: SemifError) -> None:
+        self.prefill.reset(wipe=True)
+        for j, outcome in enumerate(self._outcomes):
+            if outcome is None:
+                self._outcomes[j] = error
