@@ -13,6 +13,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -173,3 +174,44 @@ def test_refuses_at_once_what_cannot_finish(server: LiveServer, client: httpx.Cl
     assert "refused before decoding" in body["error"] and "tokens/s" in body["error"]
     assert _metric(server, "semif_deadline_exceeded_total", '{stage="refused"}') == refused_before + 1
     assert client.post("/invocations", json={"decision": DECISION}).status_code == 200
+
+
+def test_requests_waiting_together_keep_their_own_deadlines_and_answers(
+    server: LiveServer, client: httpx.Client
+) -> None:
+    """A request past its deadline in a batch with two others (they queue behind one that holds the
+    engine): it alone gets the 504; the others answer bit for bit as they did alone."""
+    small = [
+        {"decision": {**DECISION, "id": f"s{i}", "question": q}}
+        for i, q in enumerate(
+            ["Which queue should own this ticket?", "Who should reply to the customer first?"]
+        )
+    ]
+    before = [client.post("/invocations", json=body).json()["result"] for body in small]
+    holder = {"decision": {**DECISION, "id": "holder", "state": "A long support transcript. " * 300}}
+    batches_before = _metric(server, "semif_batch_requests_count")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        first = pool.submit(client.post, "/invocations", json=holder)
+        until = time.monotonic() + 30
+        while _metric(server, "semif_engine_admitted") < 1 and time.monotonic() < until:
+            time.sleep(0.02)
+        late = pool.submit(
+            client.post,
+            "/invocations",
+            json=_big(21, state="A third warehouse."),
+            headers={"X-Semif-Timeout-S": "4"},
+        )
+        answers = [pool.submit(client.post, "/invocations", json=body) for body in small]
+        assert first.result(120).status_code == 200
+        response = late.result(120)
+        got = [a.result(120) for a in answers]
+    assert response.status_code == 504 and response.json()["type"] == "deadline_exceeded", response.text
+    for reply, alone in zip(got, before, strict=True):
+        assert reply.status_code == 200, reply.text
+        result = reply.json()["result"]
+        assert (result["probabilities"], result["option_logits"]) == (
+            alone["probabilities"],
+            alone["option_logits"],
+        )
+    # the holder ran alone and the three that waited behind it went to the engine in fewer batches
+    assert _metric(server, "semif_batch_requests_count") - batches_before < 1 + 3
