@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from semif_adapter.errors import ModelBusy
 
@@ -101,7 +101,7 @@ class Admission:
         work: _Work[T] = _Work(self._future(), fn=fn, counted=False)
         self._queue.appendleft(work)
         self._kick()
-        return await work.future
+        return cast(T, await work.future)
 
     async def drain(self) -> None:
         await self._idle.wait()

@@ -120,6 +120,6 @@ class RequestBatches:
         self, decisions: Sequence[Decision | Mapping[str, Any]], cancel: Deadline | None
     ) -> BatchResult | SemifError:
         try:
-            return self.engine.score(decisions, cancel)
+            return self.alone(self.plan(decisions, cancel), time.perf_counter())
         except SemifError as exc:
             return exc
