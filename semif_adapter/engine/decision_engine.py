@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 
 from semif_adapter.engine import kernels, probes, scoring
-from semif_adapter.engine.branches import Branches, Decoded
+from semif_adapter.engine.branches import Branches
 from semif_adapter.engine.chunking import Cuts
 from semif_adapter.engine.deadline import Deadline
 from semif_adapter.engine.labels import LabelSet
 from semif_adapter.engine.llama_backend import LlamaRuntime
 from semif_adapter.engine.numerics import FIXED_SPLIT, INVARIANT, Verdict
-from semif_adapter.engine.planner import Planned, Planner
+from semif_adapter.engine.planner import Planner
 from semif_adapter.engine.prefill import Prefill
 from semif_adapter.engine.prefix_cache import CacheStats, PrefixCache
 from semif_adapter.engine.prompt import PROMPT_VERSION, Scaffold
@@ -122,7 +122,7 @@ class DecisionEngine:
         self.results = ResultBuilder(
             self.model_info, runtime.piece, self._probabilities, self.calibration_stale
         )
-        self.batches = RequestBatches(self.planner, self.prefill, self.shared, self.results, self)
+        self.batches = RequestBatches(self.planner, self.prefill, self.branches, self.shared, self.results)
 
     @classmethod
     def load(cls, settings: EngineSettings, gguf_path: Path | None = None) -> DecisionEngine:
@@ -276,14 +276,6 @@ class DecisionEngine:
         cold requests; the next prefill pins the head again)."""
         self.prefill.reset(wipe=True)
         self.prefix_cache.clear()
-
-    # --- one request ------------------------------------------------------------------------------
-    def decode_planned(
-        self, prefix_tokens: list[int], planned: list[Planned], cuts: Cuts, cancel: Deadline | None
-    ) -> Decoded:
-        branches = self.branches
-        decode = branches.decode_shared if self.invariant else branches.decode_alone
-        return decode(prefix_tokens, planned, cuts, cancel)
 
     def _probabilities(
         self, decision: Decision, option_logits: np.ndarray

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from semif_adapter.engine.chunking import Cuts
+from semif_adapter.engine.branches import Branches
 from semif_adapter.engine.deadline import Deadline
-from semif_adapter.engine.planner import Planned, Planner
+from semif_adapter.engine.planner import Planner
 from semif_adapter.engine.prefill import Prefill
 from semif_adapter.engine.results import ResultBuilder
 from semif_adapter.engine.shared_calls import Job, SharedCalls
@@ -24,32 +24,22 @@ from semif_adapter.protocol import BatchResult, Decision
 Request = tuple[Sequence[Decision | Mapping[str, Any]], Deadline | None]
 
 
-class Scorer(Protocol):
-    """What a request alone needs of the engine."""
-
-    invariant: bool
-
-    def decode_planned(
-        self, prefix_tokens: list[int], planned: list[Planned], cuts: Cuts, cancel: Deadline | None
-    ) -> Any: ...
-
-
 class RequestBatches:
     """The engine's requests-at-once room: plans each request, batches them, keeps each its outcome."""
 
     def __init__(
-        self, planner: Planner, prefill: Prefill, shared: SharedCalls, results: ResultBuilder, engine: Scorer
+        self,
+        planner: Planner,
+        prefill: Prefill,
+        branches: Branches,
+        shared: SharedCalls,
+        results: ResultBuilder,
     ) -> None:
-        self.planner, self.prefill, self.shared, self.results, self.engine = (
-            planner,
-            prefill,
-            shared,
-            results,
-            engine,
-        )
+        self.planner, self.prefill, self.branches = planner, prefill, branches
+        self.shared, self.results = shared, results
 
     def score_many(self, jobs: Sequence[Request], max_requests: int) -> list[BatchResult | SemifError]:
-        if not self.engine.invariant or len(jobs) == 1:
+        if not self.prefill.invariant or len(jobs) == 1:
             return [self._caught(decisions, cancel) for decisions, cancel in jobs]
         outcomes: list[BatchResult | SemifError | None] = [None] * len(jobs)
         ready: list[tuple[int, Job]] = []
@@ -106,8 +96,10 @@ class RequestBatches:
         """One request decoded alone; a failure or abort empties the context (the kept prefix may be
         half-written), so the next request starts from clean memory and answers bit-identically."""
         prefix_tokens, planned, cuts, cancel = job
+        branches = self.branches
+        decode = branches.decode_shared if self.prefill.invariant else branches.decode_alone
         try:
-            decoded = self.engine.decode_planned(prefix_tokens, planned, cuts, cancel)
+            decoded = decode(prefix_tokens, planned, cuts, cancel)
             return self.results.build(prefix_tokens, planned, decoded, started)
         except SemifError as exc:
             self.prefill.reset(wipe=True)
@@ -119,7 +111,8 @@ class RequestBatches:
     def _caught(
         self, decisions: Sequence[Decision | Mapping[str, Any]], cancel: Deadline | None
     ) -> BatchResult | SemifError:
+        started = time.perf_counter()  # as ``DecisionEngine.score``: the timing includes the planning
         try:
-            return self.alone(self.plan(decisions, cancel), time.perf_counter())
+            return self.alone(self.plan(decisions, cancel), started)
         except SemifError as exc:
             return exc
