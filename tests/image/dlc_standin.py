@@ -421,6 +421,7 @@ def headers(binding_version: str) -> tuple[Path, str]:
 def libraries(binding_version: str, jobs: int = 2) -> Path:
     """The directory of the stand-in's compiled libllama/libggml (what it carries in /opt/llama.cpp/bin)."""
     cache = cache_root() / "standin"
+    cache.mkdir(parents=True, exist_ok=True)  # a fresh machine has no cache folder yet
     with (cache / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return build_libraries(fetch_sdist(binding_version, cache), cache, jobs)[0]
