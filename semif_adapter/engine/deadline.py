@@ -119,6 +119,12 @@ class Deadline:
                 return
         listener(self)
 
+    def off_cancel(self, listener: Callable[[Deadline], None]) -> None:
+        """Forget ``listener`` (a shared call that ended no longer needs to hear of this token)."""
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
     def expire(self) -> None:
         self.cancel(DEADLINE)
 
@@ -187,6 +193,12 @@ class Joint(Deadline):
         self.members = list(dict.fromkeys(members))  # one request may bring several parts
         for member in self.members:
             member.on_cancel(self._member_cancelled)
+
+    def close(self) -> None:
+        """Detach from the members once the shared call is over: a request that takes part in many calls
+        keeps no listener per call."""
+        for member in self.members:
+            member.off_cancel(self._member_cancelled)
 
     def _member_cancelled(self, _member: Deadline) -> None:
         if all(member.cancelled for member in self.members):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
@@ -22,6 +23,28 @@ from semif_adapter.engine.planner import Planner
 from semif_adapter.engine.prefix_cache import PrefixCache, SavedPrefix
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FillPlan:
+    """An invariant prefill: the saved state it starts from (None: an empty sequence), how many prefix
+    tokens of it are kept, and the points its calls end at (``points[0]`` is ``reused``; between two
+    points, calls of at most ``n_batch``); the states at ``save_at`` go into the prefix cache."""
+
+    saved: SavedPrefix | None
+    reused: int
+    points: tuple[int, ...]
+    save_at: tuple[int, ...]
+
+    @property
+    def tail_at(self) -> int:
+        """Where the prefix's tail (decoded in its decisions' calls) starts."""
+        return self.points[-1]
+
+    @property
+    def cut_back(self) -> bool:
+        """The saved state holds more than the prefix shares with it: drop its cells past ``reused``."""
+        return self.saved is not None and self.reused < len(self.saved.tokens)
 
 
 class Prefill:
@@ -155,32 +178,54 @@ class Prefill:
 
     def fill_shared(self, prefix_tokens: list[int], cuts: Cuts, cancel: Deadline | None) -> tuple[int, int]:
         """Invariant numerics: sequence 0 holds the prefix up to its tail; returns the tokens reused and
-        where the tail (left to the decisions' calls) starts.
+        where the tail (left to the decisions' calls) starts (``plan_fill`` says which calls)."""
+        n = len(prefix_tokens)
+        if self.keeps(prefix_tokens, cuts):
+            return n, self.kept_until
+        plan = self.plan_fill(prefix_tokens, cuts)
+        self.reset()
+        if plan.saved is not None:
+            self.runtime.restore_seq(PREFIX_SEQ, plan.saved.data)
+            if plan.cut_back:
+                self.runtime.drop(PREFIX_SEQ, plan.reused)
+        spans = [
+            p for a, b in pairwise(plan.points) for p in pieces(a, b, self.runtime.n_batch, self.min_piece)
+        ]
+        states = self.decode_chunks(prefix_tokens, spans, cuts, cancel, plan.save_at)
+        for p, state in states.items():
+            self.prefix_cache.put(SavedPrefix(tuple(prefix_tokens[:p]), state, self.cuts_to(cuts, p)))
+        return plan.reused, plan.tail_at
+
+    def plan_fill(self, prefix_tokens: list[int], cuts: Cuts) -> FillPlan:
+        """Invariant numerics: the saved state a prefill starts from (counted as a cache hit or miss) and
+        the calls it makes from there, touching no sequence (so the engine may decode it in any stream).
 
         Calls stop only where a state is saved (the last cut, the block before a transcript's elements
         where a state cannot be cut back, the template head) and, on a sliding-window model, at every cut
         (each chunk's state is saved and restored so that the window cache has one layout, see
         ``decode_chunks``): ``stops``.
         """
-        n = len(prefix_tokens)
-        if self.keeps(prefix_tokens, cuts):
-            return n, self.kept_until
-        runtime, cache = self.runtime, self.prefix_cache
-        key = tuple(prefix_tokens)
-        reused = self.restore(key, cuts)
+        cache = self.prefix_cache
+        saved, reused = cache.lookup(tuple(prefix_tokens), cuts) if cache.enabled else (None, 0)
         last = cuts[-1] if cuts else 0
         filed = [cache.checkpoint(cuts), last] if cache.enabled else []
         chain = self.stops(cuts, filed)
         points = [reused, *(p for p in chain if p > reused)]
         while len(points) > 1 and points[1] - points[0] < self.min_piece:
             del points[1]  # a reuse at any token (attention memory) may leave a short first span
-        tail_at = points[-1]
-        spans = [p for a, b in pairwise(points) for p in pieces(a, b, runtime.n_batch, self.min_piece)]
-        save_at = [p for p in filed if p in points[1:] and p != self.planner.head_cut]
-        states = self.decode_chunks(prefix_tokens, spans, cuts, cancel, save_at)
-        for p, state in states.items():
-            cache.put(SavedPrefix(key[:p], state, self.cuts_to(cuts, p)))
-        return reused, tail_at
+        save_at = tuple(p for p in filed if p in points[1:] and p != self.planner.head_cut)
+        return FillPlan(saved, reused, tuple(points), save_at)
+
+    def file_state(self, prefix_tokens: list[int], cuts: Cuts, plan: FillPlan, at: int, state: Any) -> None:
+        """A prefill ``plan`` decoded in another stream ended a call at ``at`` with ``state``: file it where
+        a prefill in sequence 0 would (the prefix cache at a saved cut, the pin at the template head)."""
+        cache, head = self.prefix_cache, self.planner.head_cut
+        if not cache.enabled:
+            return
+        if at == head and head > 0 and prefix_tokens[:head] == self.planner.head_tokens:
+            cache.pin(SavedPrefix(tuple(prefix_tokens[:head]), state, self.cuts_to(cuts, head)))
+        elif at in plan.save_at:
+            cache.put(SavedPrefix(tuple(prefix_tokens[:at]), state, self.cuts_to(cuts, at)))
 
     def stops(self, cuts: Cuts, filed: Collection[int]) -> list[int]:
         """Invariant numerics: where a prefix cut at ``cuts`` ends its calls, a function of the prompt

@@ -1,20 +1,24 @@
-"""Several requests decoded together (invariant numerics): one request's prefill after another, then the
-prefix tails and every decision of every request in shared ``llama_decode`` calls.
+"""Several requests decoded together (invariant numerics): their prefills, their prefix tails and every
+decision of every request in shared ``llama_decode`` calls.
 
 Why this keeps every answer bit-identical: with the invariant kernels (``numerics``) a sequence's logits
 depend neither on how its tokens were grouped into calls nor on the other sequences in a call, as long
-as no sequence gets a short piece of a micro-batch (``calls``). So a decision's suffix may be decoded
-beside another request's suffix, on a copy of its own request's prefix, and give what it gives alone.
-The probe proves this at load on the library and model actually loaded, including a short sequence
-decoded beside a much longer one (other requests' prefixes have other lengths).
+as no sequence gets a short piece of a micro-batch (``calls``). So a request's prefill may be decoded
+in a stream of its own beside other requests' prefills, and a decision's suffix beside another
+request's suffix, on a copy of its own request's prefix, and each gives what it gives alone. The probe
+proves this at load on the library and model actually loaded, including a short sequence decoded beside
+a much longer one (other requests' prefixes have other lengths).
 
 How the requests' states meet: the context holds one prefix (sequence 0) and ``n_seq_max - 1`` branch
-streams. Each request's prefix is filled into sequence 0 in turn (the prefix cache serving what it
-can, exactly as for a lone request) and, when another request will take sequence 0 after it, its
-state is saved to host memory (``llama_state_seq_get_data``, a copy of its cells). A branch stream is
-then seeded from that copy, or forked from sequence 0 for the request that holds it. A long prefix tail
-is decoded once per request (tails of several requests share calls) and its state saved the same way;
-a short one is decoded in each decision's own run, as ``Branches.decode_shared`` does.
+streams. A request whose prefix sequence 0 holds forks from it; every other request starts from the
+saved state the prefix cache serves it, restored into a stream, and makes its prefill's calls there
+(``Prefill.plan_fill``), its k-th call beside the others' k-th; the state at each call's end is copied
+to host memory (``llama_state_seq_get_data``) and filed in the prefix cache where a lone prefill would
+file it. A branch stream is then seeded from that copy. A long prefix tail is decoded once per request
+(tails of several requests share calls) and its state saved the same way; a short one is decoded in
+each decision's own run, as ``Branches.decode_shared`` does. On a sliding-window model the prefills run
+one after another in sequence 0, exactly as a lone request's (``Prefill.decode_chunks`` keeps the
+window cache in one layout there).
 
 Each request keeps its own deadline and errors: a member cancelled while a shared call runs is dropped
 after the call (the call itself aborts only when every member is cancelled, ``Joint``), one whose
@@ -28,6 +32,7 @@ import ctypes
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from semif_adapter.engine.branches import TAIL_COPY_TOKENS, Branches, Decoded, Readout
 from semif_adapter.engine.calls import group_calls, pieces
@@ -35,7 +40,7 @@ from semif_adapter.engine.chunking import Cuts
 from semif_adapter.engine.deadline import Deadline, Joint
 from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime, Part
 from semif_adapter.engine.planner import Planned
-from semif_adapter.engine.prefill import Prefill
+from semif_adapter.engine.prefill import FillPlan, Prefill
 from semif_adapter.errors import EngineFailure, SemifError
 
 #: What a request brings to a shared batch: its prefix tokens, planned decisions, cuts and cancel token.
@@ -46,21 +51,26 @@ Outcome = Decoded | SemifError
 
 @dataclass
 class _Source:
-    """Where a request's branches start: sequence 0 itself while the request holds it, else a saved copy;
-    ``at``: the position its runs start from."""
+    """Where a request's runs start: sequence 0 itself while the request holds it, else a saved copy
+    (its cells past ``cut`` dropped, when set), or nothing (``empty``: a cold prefill without a pinned
+    head); ``at``: the position its runs start from."""
 
     at: int
     state: ctypes.Array[ctypes.c_uint8] | None = None
+    cut: int | None = None
+    empty: bool = False
 
 
 @dataclass
 class _Run:
-    """One sequence's tokens from its request's source; ``decision`` None: a prefix tail (state kept)."""
+    """One sequence's tokens from its request's source; ``decision`` None: a stretch of the prefix, its
+    state kept after (``prefill``: a call of the request's prefill, else its tail)."""
 
     job: int
     decision: int | None
     tokens: list[int]
     labels: list[int] = field(default_factory=list)
+    prefill: bool = False
 
 
 class SharedCalls:
@@ -102,20 +112,68 @@ class SharedCalls:
             outcomes.append(outcome)
         return outcomes
 
-    # --- the prefills, one request after another -------------------------------------------------
+    # --- the prefills ---------------------------------------------------------------------------
     def _prefills(self) -> tuple[dict[int, _Source], dict[int, tuple[float, int]]]:
-        """Fill each request's prefix into sequence 0 (up to its tail); save the state of each but the
-        last one filled. A request whose prefill fails gets its error; the context is emptied."""
+        """Every request's prefix up to its tail, the prefills of several requests in shared calls.
+
+        A request whose prefix sequence 0 already holds forks from it; one with the same prefix as
+        another shares that one's source. Each other request starts from the saved state the prefix
+        cache serves it (``Prefill.plan_fill``) in a stream of its own and makes the calls its prefill
+        makes alone, its k-th call beside the others' k-th; the state at each call's end is kept (and
+        filed in the prefix cache where a prefill in sequence 0 would file it)."""
+        if self.runtime.n_swa > 0:
+            return self._prefills_in_turn()
+        sources: dict[int, _Source] = {}
+        done: dict[int, tuple[float, int]] = {}
+        self._plans: dict[int, tuple[FillPlan, list[tuple[int, int]]]] = {}
+        first: dict[tuple[tuple[int, ...], Cuts], int] = {}
+        self._holder = None
+        for j, (prefix_tokens, _, cuts, _) in enumerate(self._jobs):
+            if not self._still_live(j):
+                continue
+            key = (tuple(prefix_tokens), cuts)
+            if key in first:
+                sources[j] = sources[first[key]]
+                done[j] = (0.0, len(prefix_tokens))
+                continue
+            first[key] = j
+            if self.prefill.keeps(prefix_tokens, cuts):
+                sources[j] = self._holder = _Source(self.prefill.kept_until)
+                done[j] = (0.0, len(prefix_tokens))
+                continue
+            plan = self.prefill.plan_fill(prefix_tokens, cuts)
+            data = plan.saved.data if plan.saved is not None else None
+            cut = plan.reused if plan.cut_back else None
+            sources[j] = _Source(plan.reused, data, cut, empty=data is None)
+            self._plans[j] = (plan, list(pairwise(plan.points)))
+            done[j] = (0.0, plan.reused)
+        self._prefill_seconds = dict.fromkeys(self._plans, 0.0)
+        while calls := self._next_prefill_calls():
+            self._decode_runs(calls, sources)
+        for j, seconds in self._prefill_seconds.items():
+            done[j] = (seconds, done[j][1])
+        return sources, done
+
+    def _next_prefill_calls(self) -> list[_Run]:
+        """Each live request's next prefill call (its k-th beside the others' k-th)."""
+        calls = []
+        for j, (_, spans) in self._plans.items():
+            if spans and self._outcomes[j] is None:
+                a, b = spans.pop(0)
+                calls.append(_Run(j, None, self._jobs[j][0][a:b], prefill=True))
+        return calls
+
+    def _prefills_in_turn(self) -> tuple[dict[int, _Source], dict[int, tuple[float, int]]]:
+        """Sliding-window models: fill each request's prefix into sequence 0 (up to its tail), the way a
+        lone request is filled (``Prefill.decode_chunks`` keeps the window cache in one layout); save
+        the state of each but the last one filled. A request whose prefill fails gets its error; the
+        context is emptied."""
         sources: dict[int, _Source] = {}
         done: dict[int, tuple[float, int]] = {}
         holder: int | None = None  # the request whose prefix sequence 0 holds
-        for j, (prefix_tokens, _, cuts, cancel) in enumerate(self._jobs):
-            if cancel is not None:
-                try:
-                    cancel.check()
-                except SemifError as exc:
-                    self._outcomes[j] = exc
-                    continue
+        for j, (prefix_tokens, _, cuts, _) in enumerate(self._jobs):
+            if not self._still_live(j):
+                continue
             if holder is not None and self.prefill.keeps(prefix_tokens, cuts):
                 sources[j] = sources[holder]  # the same prefix as the holder's: share its state
                 done[j] = (0.0, len(prefix_tokens))
@@ -126,7 +184,7 @@ class SharedCalls:
             t0 = time.perf_counter()
             kept = self.prefill.keeps(prefix_tokens, cuts)
             try:
-                reused, tail_at = self.prefill.fill_shared(prefix_tokens, cuts, cancel)
+                reused, tail_at = self.prefill.fill_shared(prefix_tokens, cuts, self._jobs[j][3])
             except SemifError as exc:
                 self._outcomes[j] = exc
                 self.prefill.reset(wipe=True)
@@ -234,6 +292,9 @@ class SharedCalls:
             for r, _, _ in live:
                 self._outcomes[r.job] = self._jobs[r.job][3].error()  # type: ignore[union-attr]
             return
+        finally:
+            if joint is not None:
+                joint.close()
         elapsed = time.perf_counter() - t
         for (run, seq, _), part in zip(live, parts, strict=True):
             share = elapsed * len(part.tokens) / tokens
@@ -243,7 +304,11 @@ class SharedCalls:
                 cancel.advance(len(part.tokens), share)
             if run.decision is None:
                 tail_end = sources[run.job].at + len(run.tokens)
-                self._saved_tail(run.job, sources, runtime.save_seq(seq), tail_end)
+                state = runtime.save_seq(seq)
+                self._saved_tail(run.job, sources, state, tail_end)
+                if run.prefill:
+                    prefix_tokens, _, cuts, _ = self._jobs[run.job]
+                    self.prefill.file_state(prefix_tokens, cuts, self._plans[run.job][0], tail_end, state)
                 continue
             try:
                 readout = self.branches.read(run.labels, runtime.logits_at(next(rows)))
@@ -255,12 +320,16 @@ class SharedCalls:
     def _seed(self, seq: int, source: _Source) -> None:
         """Stream ``seq`` starts as a copy of its request's prefix: forked from sequence 0 while the request
         holds it, else restored from its saved state."""
+        if source.empty:
+            return  # the stream was dropped after its last call: it is empty
         if source.state is None:
             if source is not self._holder:
                 raise EngineFailure("a shared batch lost a request's prefix state")
             self.runtime.fork(PREFIX_SEQ, seq)
         else:
             self.runtime.restore_seq(seq, source.state)
+            if source.cut is not None:
+                self.runtime.drop(seq, source.cut)
 
     def _saved_tail(
         self, job: int, sources: dict[int, _Source], state: ctypes.Array[ctypes.c_uint8], at: int
@@ -273,7 +342,11 @@ class SharedCalls:
                 sources[k] = new
 
     def _add_seconds(self, run: _Run, seconds: float) -> None:
-        """A tail's seconds are spread over its request's decisions; a decision's are its own."""
+        """A prefill call's seconds are its request's prefill time; a tail's are spread over its request's
+        decisions; a decision's are its own."""
+        if run.prefill:
+            self._prefill_seconds[run.job] += seconds
+            return
         row = self._seconds[run.job]
         if run.decision is not None:
             row[run.decision] += seconds
@@ -282,13 +355,19 @@ class SharedCalls:
                 row[i] += seconds / len(row)
 
     def _drop_cancelled(self) -> None:
-        for j, job in enumerate(self._jobs):
-            cancel = job[3]
-            if self._outcomes[j] is None and cancel is not None:
-                try:
-                    cancel.check()
-                except SemifError as exc:
-                    self._outcomes[j] = exc
+        for j in range(len(self._jobs)):
+            self._still_live(j)
+
+    def _still_live(self, j: int) -> bool:
+        """Request ``j`` has no outcome yet and its token is not cancelled (else that error is its
+        outcome)."""
+        cancel = self._jobs[j][3]
+        if self._outcomes[j] is None and cancel is not None:
+            try:
+                cancel.check()
+            except SemifError as exc:
+                self._outcomes[j] = exc
+        return self._outcomes[j] is None
 
     def _fail_all(self, error: SemifError) -> None:
         self.prefill.reset(wipe=True)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pytest
 
 from semif_adapter.engine import DecisionEngine
-from semif_adapter.engine.deadline import DEADLINE, ClientDisconnected, Deadline, DeadlineExceeded
+from semif_adapter.engine.deadline import DEADLINE, ClientDisconnected, Deadline, DeadlineExceeded, Joint
 from semif_adapter.engine.llama_backend import PREFIX_SEQ
 from semif_adapter.protocol import BatchResult, Decision
 from semif_adapter.throughput import Throughput
@@ -198,3 +198,23 @@ def test_refusal_uses_the_measured_throughput_and_decodes_nothing(
     roomy = Deadline(needed / 100.0 * 2, estimate=rate.seconds_for)
     assert _numbers(abort_engine.score(decisions, cancel=roomy)) == _numbers(cases["long_state"][1])
     assert roomy.tokens_done == needed and not roomy.refused
+
+
+def test_a_joint_token_aborts_only_when_every_member_is_cancelled_and_detaches_when_closed() -> None:
+    """A shared call's token: one member's disconnect must not stop the others' call; once the call is
+    over, the members hold no listener for it (a request in many calls keeps none per call)."""
+    first, second = Deadline(None), Deadline(None)
+    joint = Joint([first, second, first])  # one request may bring several parts
+    assert joint.members == [first, second]
+    first.cancel()
+    assert not joint.cancelled
+    second.expire()
+    assert joint.cancelled and joint.reason == first.reason
+
+    third, fourth = Deadline(None), Deadline(None)
+    closed = Joint([third, fourth])
+    closed.close()
+    assert third._listeners == [] and fourth._listeners == []
+    third.cancel()
+    fourth.cancel()
+    assert not closed.cancelled  # it no longer follows the members

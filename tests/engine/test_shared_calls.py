@@ -83,15 +83,18 @@ def merged(outcomes: Sequence[BatchResult | SemifError]) -> Answers:
 
 
 class CallLog:
-    """Counts the engine's ``llama_decode`` calls and how many sequences each held."""
+    """Counts the engine's ``llama_decode`` calls, how many sequences each held, and how many of those
+    calls read no logits (prefix stretches only: several requests' prefills in one call)."""
 
     def __init__(self, engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sequences: list[int] = []
+        self.shared_prefills = 0
         runtime = engine.runtime
         real = runtime.decode_parts
 
         def logged(parts, cancel=None):  # type: ignore[no-untyped-def]
             self.sequences.append(len({p.seq for p in parts}))
+            self.shared_prefills += len(parts) > 1 and not any(p.want_logits for p in parts)
             return real(parts, cancel)
 
         monkeypatch.setattr(runtime, "decode_parts", logged)
@@ -113,6 +116,8 @@ def test_requests_decoded_together_answer_as_alone(engine: DecisionEngine, monke
     assert merged(together(engine, requests[:4])) == {k: v for k, v in expected.items() if k[:2] != "r4"}
     if engine.invariant:  # the calls really were shared across requests
         assert max(log.sequences) >= 3
+    if engine.invariant and engine.runtime.n_swa == 0:  # and so were their prefills
+        assert log.shared_prefills >= 1
 
 
 def test_a_request_beside_others_of_any_length_answers_as_alone(engine: DecisionEngine):
