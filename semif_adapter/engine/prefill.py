@@ -193,7 +193,7 @@ class Prefill:
         ]
         states = self.decode_chunks(prefix_tokens, spans, cuts, cancel, plan.save_at)
         for p, state in states.items():
-            self.prefix_cache.put(SavedPrefix(tuple(prefix_tokens[:p]), state, self.cuts_to(cuts, p)))
+            self.file_state(prefix_tokens, cuts, plan, p, state)
         return plan.reused, plan.tail_at
 
     def plan_fill(self, prefix_tokens: list[int], cuts: Cuts) -> FillPlan:
@@ -217,8 +217,8 @@ class Prefill:
         return FillPlan(saved, reused, tuple(points), save_at)
 
     def file_state(self, prefix_tokens: list[int], cuts: Cuts, plan: FillPlan, at: int, state: Any) -> None:
-        """A prefill ``plan`` decoded in another stream ended a call at ``at`` with ``state``: file it where
-        a prefill in sequence 0 would (the prefix cache at a saved cut, the pin at the template head)."""
+        """A prefill ``plan`` ended a call at ``at`` with ``state``: file it (the prefix cache at a saved cut,
+        the pin at the template head), the same for a prefill in sequence 0 or in another stream."""
         cache, head = self.prefix_cache, self.planner.head_cut
         if not cache.enabled:
             return
