@@ -70,7 +70,8 @@ class EngineSettings(BaseSettings):
     cpu_extra_buffers: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="llama.cpp's extra weight buffers (repacking; AMX on CPUs that advertise it) in the "
-        "fixed split: auto = on unless the CPU advertises AMX (its buffer type crashed on a VM); "
+        "fixed split: auto = on unless the CPU advertises AMX and the build has AMX kernels (that buffer "
+        "type crashed on a VM); "
         "invariant numerics always run without them.",
     )
     numerics_probe_cache: bool = Field(

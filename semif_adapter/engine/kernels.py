@@ -10,8 +10,9 @@ got (start-up log, ``model.kernels``, ``/metrics``) and the scoring version carr
 Extra buffer types (``use_extra_bufts``) let llama.cpp repack weights for its fastest matrix kernels:
 ``CPU_REPACK`` and, on CPUs that advertise AMX, ggml's ``AMX`` buffer type, whose kernels crashed in
 ``llama_decode`` on an Intel VM. Batch-invariant numerics turn them all off (repacked weights take
-batch-shaped kernels). In the fixed split they stay off on any CPU that advertises AMX unless
-``SEMIF_CPU_EXTRA_BUFFERS=on`` says otherwise; elsewhere repacking is on, as llama.cpp defaults.
+batch-shaped kernels). In the fixed split they stay off where the CPU advertises AMX and the build has
+AMX kernels, unless ``SEMIF_CPU_EXTRA_BUFFERS=on`` says otherwise; elsewhere repacking is on, as
+llama.cpp defaults.
 """
 
 from __future__ import annotations
@@ -71,9 +72,11 @@ def read_cpu_flags(path: Path = CPUINFO) -> frozenset[str]:
 
 
 def advertises_amx(flags: Iterable[str], features: Iterable[str]) -> bool:
-    """The CPU says it has AMX, or the library was built with AMX kernels: either makes the AMX buffer
-    type possible."""
-    return bool(AMX_FLAGS & set(flags)) or any(f.startswith("AMX") for f in features)
+    """The CPU says it has AMX and the loaded library was built with AMX kernels: ggml registers its AMX
+    buffer type only then (compiled in, and the CPU's tiles granted at run time). Either alone cannot
+    use it: the portable AVX2 plugin on an AMX CPU repacks as it does on any other CPU, so its answers
+    do not depend on the host."""
+    return bool(AMX_FLAGS & set(flags)) and any(f.startswith("AMX") for f in features)
 
 
 @dataclass(frozen=True)

@@ -36,9 +36,10 @@ def test_cpu_flags_are_read_on_x86_and_arm() -> None:
     assert kernels.cpu_flags("") == frozenset()
 
 
-def test_amx_is_advertised_by_the_cpu_or_by_the_build() -> None:
-    assert kernels.advertises_amx(kernels.cpu_flags(X86_CPUINFO), [])
-    assert kernels.advertises_amx([], ["AVX2", "AMX_INT8"])
+def test_amx_takes_both_the_cpu_and_the_build() -> None:
+    assert kernels.advertises_amx(kernels.cpu_flags(X86_CPUINFO), ["AVX512", "AMX_INT8"])
+    assert not kernels.advertises_amx(kernels.cpu_flags(X86_CPUINFO), ["AVX2"])  # the AVX2 plugin
+    assert not kernels.advertises_amx([], ["AVX2", "AMX_INT8"])
     assert not kernels.advertises_amx(["avx2", "avx512f"], ["AVX2", "AVX512"])
 
 
@@ -97,8 +98,11 @@ def test_the_loaded_model_never_uses_the_amx_buffer_type_by_default(gemma_gguf: 
 def test_a_cpu_that_advertises_amx_loads_the_weights_without_extra_buffers(
     gemma_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The CPU's flags are the one thing faked: this machine cannot be made to advertise AMX."""
+    """The CPU's flags and the build's AMX kernels are the things faked: this machine cannot be made to
+    advertise AMX, nor its build to have AMX kernels."""
     monkeypatch.setattr(kernels, "read_cpu_flags", lambda: kernels.cpu_flags(X86_CPUINFO))
+    real_features = kernels.cpu_features
+    monkeypatch.setattr(kernels, "cpu_features", lambda info: [*real_features(info), "AMX_INT8"])
     runtime = _runtime(gemma_gguf)
     try:
         assert not runtime.extra_buffers.use and "AMX" in runtime.extra_buffers.reason
