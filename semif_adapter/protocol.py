@@ -150,6 +150,11 @@ class ModelInfo(BaseModel):
     numerics_min_piece: int = Field(
         default=0, description="Invariant numerics: the shortest piece of a sequence a decode call may hold."
     )
+    numerics_pad_limit: int = Field(
+        default=0,
+        description="Invariant numerics: the filler tokens a run may be padded with to share a decode call "
+        "with longer ones (0: the probe did not prove padding safe, or the fixed split).",
+    )
     batch_sequences: int = Field(
         default=1, description="Decisions decoded together in one llama_decode call."
     )

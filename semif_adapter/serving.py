@@ -110,7 +110,9 @@ class DecisionService:
         self.phase = Phase.ready
         self.metrics.ready.set(1)
         info = self.engine.model_info
-        self.metrics.record_numerics(info.numerics, info.numerics_min_piece, info.batch_sequences)
+        self.metrics.record_numerics(
+            info.numerics, info.numerics_min_piece, info.numerics_pad_limit, info.batch_sequences
+        )
         self.metrics.record_scoring(info.scoring.model_dump())
         self.metrics.record_kernels(info.kernels.model_dump())
         log.info(
@@ -125,6 +127,7 @@ class DecisionService:
                 "fork_mode": info.fork_mode,
                 "numerics": info.numerics,
                 "numerics_reason": info.numerics_reason,
+                "numerics_pad_limit": info.numerics_pad_limit,
                 "batch_sequences": info.batch_sequences,
                 "max_batch_requests": info.max_batch_requests,
                 "scoring_version": info.scoring.version,

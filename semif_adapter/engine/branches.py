@@ -3,7 +3,8 @@
 In the fixed split each suffix gets a call of its own on a copy of sequence 0 (or on sequence 0 itself,
 restored after, where a copy does not reproduce the prefix state). In invariant numerics the decisions
 of a request are decoded together, each in a KV stream of its own, the prefix's tail in their call,
-calls shaped so that no sequence gets a short piece (``calls``). The readout takes the option labels'
+calls shaped so that no sequence gets a short piece and, where the probe allows it, runs of nearly one
+length padded to one (``calls``). The readout takes the option labels'
 logits from the vocabulary row and checks the row is finite.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from semif_adapter.engine.calls import group_calls, pieces
+from semif_adapter.engine.calls import group_calls, padded_lengths, pieces
 from semif_adapter.engine.chunking import Cuts
 from semif_adapter.engine.deadline import Deadline
 from semif_adapter.engine.llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime, Part
@@ -147,13 +148,13 @@ class Branches:
         """Each run of tokens from position ``start`` on a copy of sequence 0 (``fork``; else the one run
         on sequence 0 itself), runs sharing calls as ``calls.group_calls`` allows; each run's readout at
         its last token, with its share of the calls' seconds (by tokens)."""
-        runtime, limit = self.runtime, self.runtime.n_batch
+        runtime, limit, pad_limit = self.runtime, self.runtime.n_batch, self.prefill.pad_limit
         spans = [pieces(0, len(run), limit, self.prefill.min_piece) for run in runs]
         seconds = [0.0] * len(runs)
         readouts: list[Readout | None] = [None] * len(runs)
         width = runtime.n_seq_max - 1 if fork else 1
         lasts = [b - a for a, b in (s[-1] for s in spans)]
-        for call in group_calls(lasts, limit, self.prefill.min_piece, width):
+        for call in group_calls(lasts, limit, self.prefill.min_piece, width, pad_limit):
             # consecutive sequence ids in the call's order: the order llama.cpp's split was modelled in
             seqs = list(range(1, 1 + len(call))) if fork else [PREFIX_SEQ]
             if fork:
@@ -166,7 +167,11 @@ class Branches:
                         runtime.decode_parts([Part(runs[i][a:b], start + a, seq, False)], cancel)
                         seconds[i] += time.perf_counter() - t
                 at = [spans[i][-1][0] for i in call]
-                parts = [Part(runs[i][a:], start + a, q) for i, a, q in zip(call, at, seqs, strict=True)]
+                widths = padded_lengths([lasts[i] for i in call], pad_limit)  # the copies are dropped after
+                parts = [
+                    Part(runs[i][a:], start + a, q).padded(w)
+                    for i, a, q, w in zip(call, at, seqs, widths, strict=True)
+                ]
                 t = time.perf_counter()
                 rows = runtime.decode_parts(parts, cancel)
                 for i, row in zip(call, rows, strict=True):

@@ -13,7 +13,13 @@ and more by nothing). The probe finds the smallest safe piece (``min_piece``, on
 * several sequences share a call only when llama.cpp's split of that call gives none of them a short
   piece (:func:`equal_split`, a model of ``llama_batch_allocr::split_equal`` with ``sequential``, which
   is what a KV cache with a stream per sequence uses); shortest first, lengths equal or ``min_piece``
-  apart (:func:`group_calls`).
+  apart (:func:`group_calls`);
+* where the probe proved it (``numerics``), a sequence shorter than others in its call by at most
+  ``pad_limit`` tokens is **padded** to their length with filler tokens after its last real token
+  (:func:`padded_lengths`). Every micro-batch of llama.cpp's split costs one pass over the weights, so
+  runs of 36, 37, 38 and 39 tokens would take four passes (or calls) unpadded and take one padded. A
+  filler token comes after every real token of its sequence, so the causal mask hides it from them; its
+  cells are dropped after the call, and no logits are read from it.
 
 The model of llama.cpp's split is checked at load, not trusted: the probe decodes planned calls and
 compares them with each sequence decoded alone, bit for bit.
@@ -68,20 +74,38 @@ def shares_safely(lengths: Sequence[int], n_batch: int, min_piece: int = PIECE_C
     return all(n == 0 or n >= min_piece for batch in equal_split(lengths, n_batch) for n in batch)
 
 
+def padded_lengths(lengths: Sequence[int], pad_limit: int) -> list[int]:
+    """The length each part of one call is decoded at: padded up to the next longer part's (padded)
+    length when that adds at most ``pad_limit`` tokens, so the call's lengths fall on a few levels, more
+    than ``pad_limit`` apart. ``pad_limit`` 0: no padding."""
+    widths = list(lengths)
+    level = None
+    for i in sorted(range(len(widths)), key=lambda i: -widths[i]):
+        if level is not None and 0 < level - widths[i] <= pad_limit:
+            widths[i] = level
+        level = widths[i]
+    return widths
+
+
 def group_calls(
-    lengths: Sequence[int], n_batch: int, min_piece: int = PIECE_CANDIDATES[0], max_parts: int = 64
+    lengths: Sequence[int],
+    n_batch: int,
+    min_piece: int = PIECE_CANDIDATES[0],
+    max_parts: int = 64,
+    pad_limit: int = 0,
 ) -> list[list[int]]:
     """Indices of parts (each at most ``n_batch`` tokens) grouped into calls of at most ``max_parts``,
     each call's parts in the order their sequence ids must follow: shortest first, every call one that
-    :func:`shares_safely` allows. A part shorter than ``min_piece`` gets a call of its own (the same
-    shape wherever it is)."""
+    :func:`shares_safely` allows once its parts are padded (``pad_limit``, :func:`padded_lengths`). A
+    part shorter than ``min_piece`` gets a call of its own (the same shape wherever it is)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     calls: list[list[int]] = [[i] for i in order if lengths[i] < min_piece]
     left = [i for i in order if lengths[i] >= min_piece]
     while left:
         call = [left[0]]
         for i in left[1:]:
-            if len(call) < max_parts and shares_safely([lengths[j] for j in [*call, i]], n_batch, min_piece):
+            widths = padded_lengths([lengths[j] for j in [*call, i]], pad_limit)
+            if len(call) < max_parts and shares_safely(widths, n_batch, min_piece):
                 call.append(i)
         calls.append(call)
         left = [i for i in left if i not in call]

@@ -114,6 +114,7 @@ class DecisionEngine:
         self.verdict = verdict or probes.numerics_verdict(self.planner, self.prefill, settings, gguf_path)
         self.invariant = self.verdict.invariant and runtime.invariant
         self.min_piece = self.verdict.min_piece or 1
+        self.prefill.pad_limit = self.verdict.pad_limit if self.invariant else 0
         self.prefix_cache.reuse_at_any_token(self.invariant)
         self.scoring = self._scoring_parts()
         self.calibration_stale = self._check_calibration()
@@ -349,6 +350,7 @@ class DecisionEngine:
             numerics=INVARIANT if self.invariant else FIXED_SPLIT,
             numerics_reason=self.verdict.reason,
             numerics_min_piece=self.verdict.min_piece if self.invariant else 0,
+            numerics_pad_limit=self.prefill.pad_limit,
             batch_sequences=runtime.n_seq_max - 1 if self.invariant else 1,
             max_batch_requests=self.max_batch_requests,
             scoring=ScoringVersion(**self.scoring.as_dict()),

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -78,12 +78,22 @@ BRANCH_SEQ = 1
 
 @dataclass(frozen=True)
 class Part:
-    """One sequence's tokens in a shared ``llama_decode`` call, from position ``start_pos``."""
+    """One sequence's tokens in a shared ``llama_decode`` call, from position ``start_pos``; the last
+    ``filler`` of them only pad the call to one shape (``calls.padded_lengths``): the logits are read at
+    the token before them, and the caller drops their cells after the call."""
 
     tokens: Sequence[int]
     start_pos: int
     seq: int
     want_logits: bool = True
+    filler: int = 0
+
+    def padded(self, width: int) -> Part:
+        """This part with filler up to ``width`` tokens (its last token again: any token would do)."""
+        extra = width - len(self.tokens)
+        if extra <= 0:
+            return self
+        return replace(self, tokens=[*self.tokens, *[self.tokens[-1]] * extra], filler=extra)
 
 
 DECODE_ABORTED = 2  # llama_decode's return code when the abort callback stopped it
@@ -445,8 +455,9 @@ class LlamaRuntime:
                 batch.logits[i] = False
                 i += 1
             if part.want_logits:
-                batch.logits[i - 1] = True
-                rows.append(i - 1)
+                row = i - 1 - part.filler
+                batch.logits[row] = True
+                rows.append(row)
         batch.n_tokens = i
         started = time.perf_counter()
         rc = self.abi.decode(self.ctx, batch)

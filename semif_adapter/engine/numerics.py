@@ -5,10 +5,12 @@ kernels it picks are the same whatever the grouping. On CPU they are, in one con
 repacking off (``use_extra_bufts``: repacked weights and AMX take batch-shaped kernels), flash attention
 off (its tiles follow the batch), and one KV stream per sequence (``kv_unified = false``: a sequence's
 cells sit where they would if it were alone, and attention reduces them in cell order), with one rule the
-planner keeps (``calls``: no sequence ever gets a single-token piece of a micro-batch). Nothing promises
-this for another backend (CUDA picks kernels by batch size), another CPU build (ARM i8mm) or another
-model (a recurrent layer that computes in token chunks), so it is not assumed: :func:`probe` decodes one
-prompt several ways on the library and model actually loaded and compares the logits bit for bit.
+planner keeps (``calls``: no sequence ever gets a short piece of a micro-batch) and one shape it may use
+where the probe allows it (``calls``: runs of nearly one length padded with filler to one length).
+Nothing promises this for another backend (CUDA picks kernels by batch size), another CPU build (ARM
+i8mm) or another model (a recurrent layer that computes in token chunks), so it is not assumed:
+:func:`probe` decodes one prompt several ways on the library and model actually loaded and compares the
+logits bit for bit.
 
 * **invariant**: every way agreed. Decisions of a request share one call, a prefix tail is decoded
   with the suffix after it, and any token boundary is a valid place to reuse a saved state.
@@ -41,7 +43,7 @@ log = logging.getLogger(__name__)
 INVARIANT = "invariant"
 FIXED_SPLIT = "fixed-split"
 #: Bumped whenever the probe's cases change, so a cached verdict of an older probe is not reused.
-PROBE_VERSION = 5
+PROBE_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class Verdict:
     min_piece: int = 0
     #: whether a single-token piece moved the logits (informative: why ``calls`` forbids short pieces)
     single_token_piece_moves: bool | None = None
+    #: the filler tokens a run may get to share a call (``calls.padded_lengths``); 0 when padding moved
+    #: the logits or was not proven
+    pad_limit: int = 0
     cached: bool = False
 
     @property
@@ -97,10 +102,11 @@ class _Decoder:
         return [runtime.logits_at(r).copy() for r in rows]
 
     def branches(
-        self, suffixes: Sequence[Sequence[int]], first_seq: int = 1, split: int = 0
+        self, suffixes: Sequence[Sequence[int]], first_seq: int = 1, split: int = 0, width: int = 0
     ) -> list[np.ndarray]:
         """Each suffix on its own copy of the prefix, all in ONE call (``split``: a lone suffix's last
-        ``split`` tokens in a second call); the last position's logits each."""
+        ``split`` tokens in a second call; ``width``: each padded with filler to that length); the last
+        real position's logits each."""
         runtime, start = self.runtime, len(self.prefix)
         seqs = range(first_seq, first_seq + len(suffixes))
         for seq in seqs:
@@ -112,7 +118,8 @@ class _Decoder:
                 runtime.decode_parts([Part(head, start, seq, False)])
                 rows = runtime.decode_parts([Part(suffix[-split:], start + len(head), seq)])
             else:
-                rows = runtime.decode_parts([Part(s, start, q) for s, q in zip(suffixes, seqs, strict=True)])
+                parts = [Part(s, start, q).padded(width) for s, q in zip(suffixes, seqs, strict=True)]
+                rows = runtime.decode_parts(parts)
             return [runtime.logits_at(r).copy() for r in rows]
         finally:
             for seq in seqs:
@@ -170,6 +177,7 @@ def probe(runtime: LlamaRuntime, prefix: Sequence[int], suffixes: Sequence[Seque
         min_piece, single = _shortest_safe_piece(decoder, ordered, alone, checks)
         if min_piece:
             _check_shared_calls(decoder, ordered, alone, checks, min_piece)
+            _check_padding(decoder, ordered, alone, checks, min_piece)
     finally:
         runtime.clear(wipe=True)
     return _judged(checks, min_piece, single)
@@ -254,6 +262,37 @@ def _check_shared_calls(
     checks["prefix tail in the suffix's call"] = _gap(merged, reference(first))
 
 
+#: The probe's padding checks are named so: when one moves, padding is off and the mode stands.
+PADDED = "padded "
+
+
+def _check_padding(
+    decoder: _Decoder,
+    ordered: list[list[int]],
+    reference: _References,
+    checks: dict[str, float],
+    min_piece: int,
+) -> None:
+    """Runs padded with filler to one length (``calls.padded_lengths``): suffixes of other lengths in
+    one call, each padded past the longest, their logits read before the filler; and, where the memory
+    can drop a sequence's tail, a prefix stretch decoded with filler whose cells are then dropped, a
+    suffix decoded after it."""
+    runtime = decoder.runtime
+    decoder.tail(runtime.n_batch, min_piece)  # sequence 0: the whole prefix, nothing after it
+    use = ordered[: min(3, runtime.n_seq_max - 1)]
+    padded = decoder.branches(use, width=max(len(s) for s in use) + min_piece // 2)
+    checks[PADDED + "suffixes in one call"] = max(_gap(a, reference(i)) for i, a in enumerate(padded))
+    if runtime.is_recurrent or runtime.is_hybrid:
+        return  # a tail cannot be dropped there: prefix stretches are never padded
+    n, at = len(decoder.prefix), decoder.tail_at
+    runtime.restore_seq(PREFIX_SEQ, decoder.head_state)
+    runtime.decode_parts([Part(decoder.prefix[at:], at, PREFIX_SEQ, False).padded(n - at + min_piece + 1)])
+    runtime.drop(PREFIX_SEQ, n)
+    checks[PADDED + "prefix stretch, its filler dropped"] = _gap(
+        decoder.branches([ordered[0]])[0], reference(0)
+    )
+
+
 def _lengths(candidate: int) -> tuple[int, ...]:
     """Piece lengths that stand for "``candidate`` tokens or more" (a kernel may switch at any of them);
     the suffix they split is ``3 * candidate`` tokens or more, so the piece before is as long."""
@@ -266,14 +305,19 @@ def _judged(checks: dict[str, float], min_piece: int, single: bool | None) -> Ve
         reason = f"every piece length tried moved the logits (up to {max(moved.values()):.3g})"
         return Verdict(FIXED_SPLIT, reason, checks, 0, single)
     moved = {n: g for n, g in moved.items() if not n.startswith("pieces of ")}  # the candidates refused
+    padding = {n: g for n, g in moved.items() if n.startswith(PADDED)}
+    moved = {n: g for n, g in moved.items() if n not in padding}
     if moved:
         worst = max(moved.values())
         reason = f"logits moved (max |Δ| {worst:.3g}) with: " + "; ".join(moved)
         return Verdict(FIXED_SPLIT, reason, checks, min_piece, single)
-    reason = (
-        f"{len(checks)} ways of decoding the probe gave bit-identical logits (pieces of {min_piece}+ tokens)"
-    )
-    return Verdict(INVARIANT, reason, checks, min_piece, single)
+    agreed = len(checks) - len(padding)
+    reason = f"{agreed} ways of decoding the probe gave bit-identical logits (pieces of {min_piece}+ tokens"
+    if padding:
+        reason += f"; padding moved them (max |Δ| {max(padding.values()):.3g}), so runs are not padded)"
+        return Verdict(INVARIANT, reason, checks, min_piece, single, pad_limit=0)
+    reason += ", runs padded to share a call)"
+    return Verdict(INVARIANT, reason, checks, min_piece, single, pad_limit=2 * min_piece)
 
 
 class VerdictCache:

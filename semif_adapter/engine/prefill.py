@@ -48,8 +48,8 @@ class FillPlan:
 
 
 class Prefill:
-    """Sequence 0 and the prefix cache of one context; the engine sets ``fork_mode``, ``invariant`` and
-    ``min_piece`` once its probes have decided them."""
+    """Sequence 0 and the prefix cache of one context; the engine sets ``fork_mode``, ``invariant``,
+    ``min_piece`` and ``pad_limit`` once its probes have decided them."""
 
     def __init__(self, runtime: LlamaRuntime, planner: Planner, prefix_cache: PrefixCache) -> None:
         self.runtime = runtime
@@ -58,6 +58,7 @@ class Prefill:
         self.fork_mode = "copy"
         self.invariant = False
         self.min_piece = 1
+        self.pad_limit = 0  # tokens of filler a run may get to share a call (``calls``); 0: none
         self.cached_prefix: list[int] | None = None
         self.cached_cuts: Cuts | None = None
         self.kept_until = 0  # invariant numerics: sequence 0 holds the kept prefix up to here

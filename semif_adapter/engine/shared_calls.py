@@ -3,9 +3,10 @@ decision of every request in shared ``llama_decode`` calls.
 
 Why this keeps every answer bit-identical: with the invariant kernels (``numerics``) a sequence's logits
 depend neither on how its tokens were grouped into calls nor on the other sequences in a call, as long
-as no sequence gets a short piece of a micro-batch (``calls``). So a request's prefill may be decoded
-in a stream of its own beside other requests' prefills, and a decision's suffix beside another
-request's suffix, on a copy of its own request's prefix, and each gives what it gives alone. The probe
+as no sequence gets a short piece of a micro-batch (``calls``; runs of nearly one length padded to
+one, where the probe proved it, their filler's cells dropped after the call). So a request's prefill
+may be decoded in a stream of its own beside other requests' prefills, and a decision's suffix beside
+another request's suffix, on a copy of its own request's prefix, and each gives what it gives alone. The probe
 proves this at load on the library and model actually loaded, including a short sequence decoded beside
 a much longer one (other requests' prefixes have other lengths).
 
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from semif_adapter.engine.branches import TAIL_COPY_TOKENS, Branches, Decoded, Readout
-from semif_adapter.engine.calls import group_calls, pieces
+from semif_adapter.engine.calls import group_calls, padded_lengths, pieces
 from semif_adapter.engine.chunking import Cuts
 from semif_adapter.engine.deadline import Deadline, Joint
 from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime, Part
@@ -224,6 +225,10 @@ class SharedCalls:
         source; a call's members whose request was cancelled meanwhile are dropped before the next."""
         runtime, limit, min_piece = self.runtime, self.runtime.n_batch, self.prefill.min_piece
         width = runtime.n_seq_max - 1
+        # filler cells are dropped after the call: a decision's stream goes whole, a prefix stretch's
+        # filler only where the memory can drop a sequence's tail (not recurrent or hybrid layers)
+        tails_drop = not (runtime.is_recurrent or runtime.is_hybrid)
+        pad_limit = self.prefill.pad_limit if tails_drop or all(r.decision is not None for r in runs) else 0
         pending = list(runs)
         while pending:
             self._drop_cancelled()
@@ -232,17 +237,22 @@ class SharedCalls:
                 return
             spans = [pieces(0, len(r.tokens), limit, min_piece) for r in pending]
             lasts = [b - a for a, b in (s[-1] for s in spans)]
-            call = group_calls(lasts, limit, min_piece, width)[0]
+            call = group_calls(lasts, limit, min_piece, width, pad_limit)[0]
             members = [pending[i] for i in call]
-            self._call(members, [spans[i] for i in call], sources)
+            widths = padded_lengths([lasts[i] for i in call], pad_limit)
+            self._call(members, [spans[i] for i in call], widths, sources)
             taken = set(call)
             pending = [r for i, r in enumerate(pending) if i not in taken]
 
     def _call(
-        self, members: list[_Run], spans: list[list[tuple[int, int]]], sources: dict[int, _Source]
+        self,
+        members: list[_Run],
+        spans: list[list[tuple[int, int]]],
+        widths: list[int],
+        sources: dict[int, _Source],
     ) -> None:
         """One planned call: each member's stream seeded, its leading pieces (a run longer than a call)
-        decoded alone, then the last pieces of those still live together."""
+        decoded alone, then the last pieces of those still live together, each padded to its width."""
         runtime = self.runtime
         seqs = list(range(1, 1 + len(members)))
         try:
@@ -251,8 +261,8 @@ class SharedCalls:
             for run, seq, run_spans in zip(members, seqs, spans, strict=True):
                 self._lead(run, seq, run_spans[:-1], sources[run.job].at)
             live = [
-                (r, q, s[-1][0])
-                for r, q, s in zip(members, seqs, spans, strict=True)
+                (r, q, s[-1][0], w)
+                for r, q, s, w in zip(members, seqs, spans, widths, strict=True)
                 if self._outcomes[r.job] is None
             ]
             if live:
@@ -275,13 +285,17 @@ class SharedCalls:
             finally:
                 self._add_seconds(run, time.perf_counter() - t)
 
-    def _together(self, live: list[tuple[_Run, int, int]], sources: dict[int, _Source]) -> None:
-        """The members' last pieces (each from offset ``a`` of its run) in ONE call, aborted only when every
-        member is cancelled; then each member's share of its seconds, and its readout or saved tail."""
+    def _together(self, live: list[tuple[_Run, int, int, int]], sources: dict[int, _Source]) -> None:
+        """The members' last pieces (each from offset ``a`` of its run, padded to its width) in ONE call,
+        aborted only when every member is cancelled; then each member's share of its seconds, and its
+        readout or saved tail (its filler's cells dropped first)."""
         runtime = self.runtime
-        parts = [Part(r.tokens[a:], sources[r.job].at + a, q, r.decision is not None) for r, q, a in live]
+        parts = [
+            Part(r.tokens[a:], sources[r.job].at + a, q, r.decision is not None).padded(w)
+            for r, q, a, w in live
+        ]
         tokens = sum(len(p.tokens) for p in parts)
-        cancels = [c for c in (self._jobs[r.job][3] for r, _, _ in live) if c is not None]
+        cancels = [c for c in (self._jobs[r.job][3] for r, _, _, _ in live) if c is not None]
         joint = Joint(cancels) if len(live) == len(cancels) and cancels else None
         t = time.perf_counter()
         try:
@@ -289,14 +303,14 @@ class SharedCalls:
         except SemifError:
             if joint is None or not joint.cancelled:
                 raise
-            for r, _, _ in live:
+            for r, _, _, _ in live:
                 self._outcomes[r.job] = self._jobs[r.job][3].error()  # type: ignore[union-attr]
             return
         finally:
             if joint is not None:
                 joint.close()
         elapsed = time.perf_counter() - t
-        for (run, seq, _), part in zip(live, parts, strict=True):
+        for (run, seq, _, _), part in zip(live, parts, strict=True):
             share = elapsed * len(part.tokens) / tokens
             self._add_seconds(run, share)
             cancel = self._jobs[run.job][3]
@@ -304,6 +318,8 @@ class SharedCalls:
                 cancel.advance(len(part.tokens), share)
             if run.decision is None:
                 tail_end = sources[run.job].at + len(run.tokens)
+                if part.filler:
+                    runtime.drop(seq, tail_end)
                 state = runtime.save_seq(seq)
                 self._saved_tail(run.job, sources, state, tail_end)
                 if run.prefill:

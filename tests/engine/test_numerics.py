@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from semif_adapter.engine import DecisionEngine
-from semif_adapter.engine.calls import equal_split, group_calls, pieces, shares_safely
-from semif_adapter.engine.numerics import FIXED_SPLIT, INVARIANT
+from semif_adapter.engine.calls import equal_split, group_calls, padded_lengths, pieces, shares_safely
+from semif_adapter.engine.numerics import FIXED_SPLIT, INVARIANT, PADDED, _judged
 from semif_adapter.errors import ModelLoadError
 from tests.helpers.support import engine_settings
 
@@ -78,6 +78,46 @@ def test_group_calls_cover_every_part_once_in_safe_calls(lengths: list[int], min
         assert len(call) == 1 or shares_safely(sizes, 512, min_piece)
 
 
+def test_padded_lengths_fall_on_levels_more_than_the_limit_apart():
+    assert padded_lengths([36, 37, 38, 39], 16) == [39, 39, 39, 39]
+    assert padded_lengths([10, 40, 30], 16) == [10, 40, 40]  # 30 pads to 40; 10 would need 30 tokens
+    assert padded_lengths([36, 37, 38, 39], 0) == [36, 37, 38, 39]
+    # equal-split of the padded call: one micro-batch instead of four with three 1-token pieces
+    assert len(equal_split(padded_lengths([36, 37, 38, 39], 16), 512)) == 1
+    assert len(equal_split([36, 37, 38, 39], 512)) == 4
+
+
+@given(
+    st.lists(st.integers(1, 200), min_size=1, max_size=12),
+    st.sampled_from([8, 16]),
+    st.integers(1, 6),
+    st.sampled_from([0, 16, 32]),
+)
+def test_padded_calls_are_safe_and_pad_each_part_by_at_most_the_limit(
+    lengths: list[int], min_piece: int, width: int, pad_limit: int
+):
+    calls = group_calls(lengths, 512, min_piece, width, pad_limit)
+    assert sorted(i for call in calls for i in call) == list(range(len(lengths)))
+    for call in calls:
+        sizes = [lengths[i] for i in call]
+        widths = padded_lengths(sizes, pad_limit)
+        assert all(0 <= w - n <= pad_limit for w, n in zip(widths, sizes, strict=True))
+        assert widths == sorted(widths)  # the order the sequence ids follow stays shortest first
+        assert len(call) <= width and (len(call) == 1 or shares_safely(widths, 512, min_piece))
+    near = min(lengths) >= min_piece and max(lengths) - min(lengths) <= pad_limit
+    if pad_limit and near and max(lengths) * width <= 512:  # nearly equal: as few calls as streams allow
+        assert len(calls) == -(-len(lengths) // width)
+
+
+def test_a_padding_check_that_moved_keeps_the_mode_but_not_the_padding():
+    checks = {"suffixes in one call": 0.0, "padded suffixes in one call": 0.25}
+    verdict = _judged(checks, 8, True)
+    assert verdict.mode == INVARIANT and verdict.pad_limit == 0 and "padding moved" in verdict.reason
+    assert _judged({"suffixes in one call": 0.0}, 8, True).pad_limit == 16
+    moved = _judged({"suffixes in one call": 0.5, "padded suffixes in one call": 0.0}, 8, True)
+    assert moved.mode == FIXED_SPLIT
+
+
 @given(st.integers(0, 3000), st.integers(0, 3000), st.sampled_from([8, 16, 32]))
 def test_pieces_cover_the_run(a: int, b: int, min_piece: int):
     start, end = min(a, b), max(a, b)
@@ -94,17 +134,23 @@ def test_the_mode_follows_from_what_the_probe_measured(engine: DecisionEngine):
     assert info.numerics == verdict.mode and info.numerics_reason == verdict.reason
     if verdict.mode == INVARIANT:
         assert verdict.min_piece >= 1 and verdict.checks
-        proven = {n: g for n, g in verdict.checks.items() if not n.startswith("pieces of ")}
+        proven = {n: g for n, g in verdict.checks.items() if not n.startswith(("pieces of ", PADDED))}
         assert proven and all(gap == 0.0 for gap in proven.values())
         assert info.batch_sequences == engine.runtime.n_seq_max - 1 >= 2
+        padding = [g for n, g in verdict.checks.items() if n.startswith(PADDED)]
+        assert padding  # the padding checks ran; padding is used exactly when they all agreed
+        assert verdict.pad_limit == (2 * verdict.min_piece if all(g == 0.0 for g in padding) else 0)
+        assert info.numerics_pad_limit == engine.prefill.pad_limit == verdict.pad_limit
     else:
         assert info.batch_sequences == 1 and not engine.runtime.invariant
+        assert info.numerics_pad_limit == engine.prefill.pad_limit == 0
 
 
 @pytest.mark.parametrize("name", ["gemma", "qwen"])
 def test_the_real_models_run_invariant_on_this_cpu(request: pytest.FixtureRequest, name: str):
     engine = request.getfixturevalue(f"{name}_engine")
     assert engine.model_info.numerics == INVARIANT, engine.model_info.numerics_reason
+    assert engine.model_info.numerics_pad_limit == 2 * engine.min_piece, engine.model_info.numerics_reason
 
 
 def test_a_configuration_that_is_not_invariant_falls_back_on_gemma(gemma_gguf: Path):
@@ -156,6 +202,37 @@ def test_every_decision_of_a_large_request_answers_as_alone(engine: DecisionEngi
     later = {d["id"] for d in batch[3:]}
     assert _answers(engine, batch[3:], cold=False) == {k: v for k, v in alone.items() if k in later}
     assert _answers(engine, list(reversed(batch)), cold=False) == alone  # the kept prefix
+
+
+def test_padding_merges_calls_and_moves_no_answer(engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch):
+    """Suffixes a few tokens apart: padded, they share micro-batches (fewer passes over the weights,
+    filler in the calls); every answer is the same bit for bit as with padding off, and as each decision
+    alone. Where the probe did not prove padding, no call carries filler."""
+    batch = decisions()
+    alone = {d["id"]: _answers(engine, [d])[d["id"]] for d in batch}
+    calls: list[list[int]] = []  # per call, each part's filler
+    passes: list[int] = []  # per call, the micro-batches llama.cpp splits it into
+    real = engine.runtime.decode_parts
+
+    def logged(parts, cancel=None):  # type: ignore[no-untyped-def]
+        calls.append([p.filler for p in parts])
+        passes.append(len(equal_split([len(p.tokens) for p in parts], engine.runtime.n_batch)))
+        return real(parts, cancel)
+
+    monkeypatch.setattr(engine.runtime, "decode_parts", logged)
+    padded = _answers(engine, batch)
+    padded_calls, padded_passes = calls[:], sum(passes)
+    calls[:], passes[:] = [], []
+    if not engine.prefill.pad_limit:
+        print(f"\n{engine.model_info.architecture}: no padding ({engine.model_info.numerics_reason})")
+        assert padded == alone and not any(f > 0 for call in padded_calls for f in call)
+        return
+    monkeypatch.setattr(engine.prefill, "pad_limit", 0)
+    unpadded = _answers(engine, batch)
+    assert padded == unpadded == alone
+    assert any(f > 0 for call in padded_calls for f in call)
+    assert not any(f > 0 for call in calls for f in call)
+    assert padded_passes < sum(passes), (padded_calls, calls)
 
 
 def test_cache_off_equals_cache_on_with_a_grown_state(engine: DecisionEngine):
