@@ -168,11 +168,23 @@ def build_llama_tool(target: str, cmake_args: str) -> Path:
     return binary
 
 
+#: On a CPU that advertises AMX, llama-server is built without ggml's AMX kernels: their buffer type
+#: crashed llama-server's first decode on an Intel VM (a general protection fault, as it crashed our
+#: engine before ``kernels.extra_buffers`` kept it off); repacking stays on, as llama-server defaults.
+NO_AMX = "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+
+
+def server_cmake_args(cmake_args: str) -> str:
+    if kernels.AMX_FLAGS & kernels.read_cpu_flags():
+        return f"{cmake_args} {NO_AMX}".strip()
+    return cmake_args
+
+
 def llama_server_binary(args: argparse.Namespace) -> Path:
     given = args.llama_server or os.environ.get("SEMIF_PEER_LLAMA_SERVER")
     if given:
         return Path(given)
-    return build_llama_server(args.cmake_args)
+    return build_llama_server(server_cmake_args(args.cmake_args))
 
 
 # --- two servers ------------------------------------------------------------------------------------
@@ -708,7 +720,7 @@ def main() -> None:
         "agent_state": args.agent_state,
         "llama_server": f"{binary.name} from llama-cpp-python {package_version('llama-cpp-python')} "
         f"vendor/llama.cpp, -np {args.slots}, prompt cache and --cache-ram at their defaults",
-        "llama_server_cmake_args": None if args.llama_server else args.cmake_args,
+        "llama_server_cmake_args": None if args.llama_server else server_cmake_args(args.cmake_args),
         "load_average_before": load_average(),
         "models": [],
     }

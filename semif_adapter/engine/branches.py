@@ -4,8 +4,8 @@ In the fixed split each suffix gets a call of its own on a copy of sequence 0 (o
 restored after, where a copy does not reproduce the prefix state). In invariant numerics the decisions
 of a request are decoded together, each in a KV stream of its own, the prefix's tail in their call,
 calls shaped so that no sequence gets a short piece and, where the probe allows it, runs of nearly one
-length padded to one (``calls``). The readout takes the option labels'
-logits from the vocabulary row and checks the row is finite.
+length padded to one (``calls``). The readout takes the option labels' logits from the vocabulary row
+and checks the row is finite.
 """
 
 from __future__ import annotations
@@ -167,7 +167,9 @@ class Branches:
                         runtime.decode_parts([Part(runs[i][a:b], start + a, seq, False)], cancel)
                         seconds[i] += time.perf_counter() - t
                 at = [spans[i][-1][0] for i in call]
-                widths = padded_lengths([lasts[i] for i in call], pad_limit)  # the copies are dropped after
+                # every run starts at ``start``: padded to another run's length, it ends where that one
+                # does (inside the context); the copies are dropped after the call
+                widths = padded_lengths([lasts[i] for i in call], pad_limit)
                 parts = [
                     Part(runs[i][a:], start + a, q).padded(w)
                     for i, a, q, w in zip(call, at, seqs, widths, strict=True)

@@ -6,9 +6,9 @@ depend neither on how its tokens were grouped into calls nor on the other sequen
 as no sequence gets a short piece of a micro-batch (``calls``; runs of nearly one length padded to
 one, where the probe proved it, their filler's cells dropped after the call). So a request's prefill
 may be decoded in a stream of its own beside other requests' prefills, and a decision's suffix beside
-another request's suffix, on a copy of its own request's prefix, and each gives what it gives alone. The probe
-proves this at load on the library and model actually loaded, including a short sequence decoded beside
-a much longer one (other requests' prefixes have other lengths).
+another request's suffix, on a copy of its own request's prefix, and each gives what it gives alone.
+The probe proves this at load on the library and model actually loaded, including a short sequence
+decoded beside a much longer one (other requests' prefixes have other lengths).
 
 How the requests' states meet: the context holds one prefix (sequence 0) and ``n_seq_max - 1`` branch
 streams. A request whose prefix sequence 0 holds forks from it; every other request starts from the
@@ -226,9 +226,12 @@ class SharedCalls:
         runtime, limit, min_piece = self.runtime, self.runtime.n_batch, self.prefill.min_piece
         width = runtime.n_seq_max - 1
         # filler cells are dropped after the call: a decision's stream goes whole, a prefix stretch's
-        # filler only where the memory can drop a sequence's tail (not recurrent or hybrid layers)
+        # filler only where the memory can drop a sequence's tail (not recurrent or hybrid layers); and
+        # runs of several requests start at other positions, so filler must still fit in a stream
         tails_drop = not (runtime.is_recurrent or runtime.is_hybrid)
         pad_limit = self.prefill.pad_limit if tails_drop or all(r.decision is not None for r in runs) else 0
+        if any(sources[r.job].at + len(r.tokens) + pad_limit > runtime.n_ctx for r in runs):
+            pad_limit = 0
         pending = list(runs)
         while pending:
             self._drop_cancelled()
