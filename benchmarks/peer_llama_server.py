@@ -168,16 +168,34 @@ def build_llama_tool(target: str, cmake_args: str) -> Path:
     return binary
 
 
-#: On a CPU that advertises AMX, llama-server is built without ggml's AMX kernels: their buffer type
-#: crashed llama-server's first decode on an Intel VM (a general protection fault, as it crashed our
-#: engine before ``kernels.extra_buffers`` kept it off); repacking stays on, as llama-server defaults.
-NO_AMX = "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+#: The CPU flags a native build would compile for, as ggml's options (an x86 build without -march=native).
+GGML_X86_OPTIONS = {
+    "sse4_2": "GGML_SSE42",
+    "avx": "GGML_AVX",
+    "avx_vnni": "GGML_AVX_VNNI",
+    "avx2": "GGML_AVX2",
+    "bmi2": "GGML_BMI2",
+    "fma": "GGML_FMA",
+    "f16c": "GGML_F16C",
+    "avx512f": "GGML_AVX512",
+    "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI",
+    "avx512_bf16": "GGML_AVX512_BF16",
+}
 
 
 def server_cmake_args(cmake_args: str) -> str:
-    if kernels.AMX_FLAGS & kernels.read_cpu_flags():
-        return f"{cmake_args} {NO_AMX}".strip()
-    return cmake_args
+    """llama-server's flags: the wheel's, except that on a CPU that advertises AMX a native build is
+    spelled out feature by feature without AMX. ggml's AMX buffer type crashed llama-server's first
+    decode on an Intel VM (a general protection fault, as it crashed our engine before
+    ``kernels.extra_buffers`` kept it off), and -march=native compiles it in whatever ``GGML_AMX_*``
+    say; repacking stays on, as llama-server defaults."""
+    flags = kernels.read_cpu_flags()
+    if not (kernels.AMX_FLAGS & flags and "-DGGML_NATIVE=ON" in shlex.split(cmake_args)):
+        return cmake_args
+    options = [f"-D{option}=ON" for flag, option in GGML_X86_OPTIONS.items() if flag in flags]
+    kept = [a for a in shlex.split(cmake_args) if a != "-DGGML_NATIVE=ON"]
+    return shlex.join([*kept, "-DGGML_NATIVE=OFF", *options])
 
 
 def llama_server_binary(args: argparse.Namespace) -> Path:
