@@ -1,5 +1,6 @@
 """Decision by generation against a real OpenAI-compatible server: llama-cpp-python's own server
-running the same Qwen GGUF (the stock-DLC comparison path, here without a container)."""
+running the same Qwen GGUF (the stock-DLC comparison path, here without a container), with extra buffer
+types off where the CPU's AMX buffer type would crash it (``tests.helpers.chat_server``)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def chat_url(qwen_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         [
             sys.executable,
             "-m",
-            "llama_cpp.server",
+            "tests.helpers.chat_server",
             "--model",
             str(qwen_gguf),
             "--host",
@@ -44,6 +45,7 @@ def chat_url(qwen_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
