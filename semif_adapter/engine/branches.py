@@ -106,15 +106,16 @@ class Branches:
         decisions' call(s), and the decisions of a request decoded together, each in its own stream.
 
         A lone decision on memory that can drop a sequence's tail decodes the prefix tail and its suffix
-        on sequence 0 and drops the suffix after; otherwise the prefix is copied into one stream per
-        decision (at most ``batch_sequences`` at once) and a short tail is decoded in each of them, a
-        long one once before the copies.
+        on sequence 0 and drops the suffix after (where the prefill saves its state at the prefix's end,
+        its last stretch goes in that call too, and the state is saved after the drop); otherwise the
+        prefix is copied into one stream per decision (at most ``batch_sequences`` at once) and a short
+        tail is decoded in each of them, a long one once before the copies.
         """
         runtime, n = self.runtime, len(prefix_tokens)
         t0 = time.perf_counter()
         kept = self.prefill.keeps(prefix_tokens, cuts)
-        reused_tokens, tail_at = self.prefill.fill_shared(prefix_tokens, cuts, cancel)
         lone = len(planned) == 1 and not (runtime.is_recurrent or runtime.is_hybrid)
+        reused_tokens, tail_at, held = self.prefill.fill_shared(prefix_tokens, cuts, cancel, hold_end=lone)
         tail = prefix_tokens[tail_at:]
         copies = len(tail) * (len(planned) - 1)
         if tail and not lone and len(tail) >= self.prefill.min_piece and copies > TAIL_COPY_TOKENS:
@@ -127,6 +128,8 @@ class Branches:
         if lone:
             runtime.drop(PREFIX_SEQ, n)  # the suffix goes; the whole prefix stays
             tail_at = n
+            if held is not None:  # the prefill's last stretch was decoded with the suffix
+                self.prefill.file_end(prefix_tokens, cuts, held)
         # sequence 0 keeps the prefix up to its tail: the next request about this state decodes only
         # the tail again, in its decisions' calls
         self.prefill.keep(prefix_tokens, cuts, tail_at)

@@ -262,9 +262,10 @@ class DecisionEngine:
         """Where a request's prefix is cut into decode chunks (``chunking``); the rest follows the last."""
         return self.planner.plan(self.planner.parse(decisions))[2]
 
-    def saved_cuts(self, cuts: Cuts) -> tuple[int, ...]:
-        """Where a prefix cut at ``cuts`` files its saved states (``Prefill.saved_cuts``)."""
-        return self.prefill.saved_cuts(cuts)
+    def saved_cuts(self, cuts: Cuts, n_prefix: int) -> tuple[int, ...]:
+        """Where a prefix of ``n_prefix`` tokens cut at ``cuts`` files its saved states
+        (``Prefill.saved_cuts``)."""
+        return self.prefill.saved_cuts(cuts, n_prefix)
 
     def prefix_cache_stats(self) -> CacheStats:
         return self.prefix_cache.stats()

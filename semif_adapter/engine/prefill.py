@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any
 
@@ -177,13 +177,24 @@ class Prefill:
                     saved[end] = state
         return saved
 
-    def fill_shared(self, prefix_tokens: list[int], cuts: Cuts, cancel: Deadline | None) -> tuple[int, int]:
-        """Invariant numerics: sequence 0 holds the prefix up to its tail; returns the tokens reused and
-        where the tail (left to the decisions' calls) starts (``plan_fill`` says which calls)."""
+    def fill_shared(
+        self, prefix_tokens: list[int], cuts: Cuts, cancel: Deadline | None, hold_end: bool = False
+    ) -> tuple[int, int, FillPlan | None]:
+        """Invariant numerics: sequence 0 holds the prefix up to its tail; returns the tokens reused, where
+        the tail (left to the decisions' calls) starts (``plan_fill`` says which calls) and, with
+        ``hold_end``, the plan whose last call was left to the caller.
+
+        ``hold_end``: where the state is saved at the prefix's end (``save_point``), its last call is not
+        made here: the caller decodes that stretch in sequence 0 with a decision's suffix (one call where
+        there were two), drops the suffix's cells and files the state with :meth:`file_end`.
+        """
         n = len(prefix_tokens)
         if self.keeps(prefix_tokens, cuts):
-            return n, self.kept_until
+            return n, self.kept_until, None
         plan = self.plan_fill(prefix_tokens, cuts)
+        held = hold_end and len(plan.points) > 1 and plan.points[-1] == n
+        if held:
+            plan = replace(plan, points=plan.points[:-1])
         self.reset()
         if plan.saved is not None:
             self.runtime.restore_seq(PREFIX_SEQ, plan.saved.data)
@@ -195,7 +206,14 @@ class Prefill:
         states = self.decode_chunks(prefix_tokens, spans, cuts, cancel, plan.save_at)
         for p, state in states.items():
             self.file_state(prefix_tokens, cuts, plan, p, state)
-        return plan.reused, plan.tail_at
+        return plan.reused, plan.tail_at, plan if held else None
+
+    def file_end(self, prefix_tokens: list[int], cuts: Cuts, plan: FillPlan) -> None:
+        """Sequence 0 holds exactly ``prefix_tokens``, its last stretch decoded by the caller of
+        ``fill_shared(hold_end=True)``: save and file the state the prefill left to it."""
+        n = len(prefix_tokens)
+        if n in plan.save_at:
+            self.file_state(prefix_tokens, cuts, plan, n, self.runtime.save_seq(PREFIX_SEQ))
 
     def plan_fill(self, prefix_tokens: list[int], cuts: Cuts) -> FillPlan:
         """Invariant numerics: the saved state a prefill starts from (counted as a cache hit or miss) and
@@ -208,9 +226,9 @@ class Prefill:
         """
         cache = self.prefix_cache
         saved, reused = cache.lookup(tuple(prefix_tokens), cuts) if cache.enabled else (None, 0)
-        last = cuts[-1] if cuts else 0
+        last = self.save_point(len(prefix_tokens), cuts)
         filed = [cache.checkpoint(cuts), last] if cache.enabled else []
-        chain = self.stops(cuts, filed)
+        chain = self.stops(cuts, filed, last)
         points = [reused, *(p for p in chain if p > reused)]
         while len(points) > 1 and points[1] - points[0] < self.min_piece:
             del points[1]  # a reuse at any token (attention memory) may leave a short first span
@@ -228,15 +246,28 @@ class Prefill:
         elif at in plan.save_at:
             cache.put(SavedPrefix(tuple(prefix_tokens[:at]), state, self.cuts_to(cuts, at)))
 
-    def stops(self, cuts: Cuts, filed: Collection[int]) -> list[int]:
+    def save_point(self, n_prefix: int, cuts: Cuts) -> int:
+        """Where the state of a prefix of ``n_prefix`` tokens cut at ``cuts`` is saved: its last cut, or in
+        invariant numerics on memory the prefix cache reuses at any token (``PrefixCache.any_cut``) the
+        prefix's end. A later prompt resumes from the state at the longest token prefix they share, which
+        the cut-back state reaches wherever the cuts fall; the prefill then needs no stop before the end
+        (one call fewer when the last cut is not the end). Memory whose state cannot be cut back, or a
+        sliding window, keeps the last cut: a state must be taken exactly where a later prompt resumes."""
+        if self.invariant and self.prefix_cache.any_cut:
+            return n_prefix
+        return cuts[-1] if cuts else 0
+
+    def stops(self, cuts: Cuts, filed: Collection[int], last: int | None = None) -> list[int]:
         """Invariant numerics: where a prefix cut at ``cuts`` ends its calls, a function of the prompt
         alone (so a warm prefill resumes at a stop of the cold one and continues with the same calls).
 
-        Calls stop where a state is saved (``filed``, the head) and, on a sliding-window model, at every
-        cut; a stop closer than ``min_piece`` to the one before is passed over, so no call holds a short
-        piece; the state there is not saved (and the prefix's tail starts at the stop before).
+        Calls stop where a state is saved (``filed``, the head; none past ``last``, the save point,
+        default the last cut) and, on a sliding-window model, at every cut; a stop closer than
+        ``min_piece`` to the one before is passed over, so no call holds a short piece; the state there
+        is not saved (and the prefix's tail starts at the stop before).
         """
-        last = cuts[-1] if cuts else 0
+        if last is None:
+            last = cuts[-1] if cuts else 0
         wanted = {p for p in filed if 0 < p <= last}
         if self.prefix_cache.enabled and 0 < self.planner.head_cut <= last:
             wanted.add(self.planner.head_cut)
@@ -266,15 +297,16 @@ class Prefill:
         finally:
             self.reset()
 
-    def saved_cuts(self, cuts: Cuts) -> tuple[int, ...]:
-        """Where a prefix cut at ``cuts`` files its saved states: the last cut and, where a state cannot be
-        cut back, the block before a transcript's elements; in invariant numerics only those its calls
-        stop at (``stops``)."""
+    def saved_cuts(self, cuts: Cuts, n_prefix: int) -> tuple[int, ...]:
+        """Where a prefix of ``n_prefix`` tokens cut at ``cuts`` files its saved states: its save point
+        (``save_point``) and, where a state cannot be cut back, the block before a transcript's elements;
+        in invariant numerics only those its calls stop at (``stops``)."""
         if not (cuts and self.prefix_cache.enabled):
             return ()
         head = self.planner.head_cut
-        filed = [p for p in (self.prefix_cache.checkpoint(cuts), cuts[-1]) if p and p != head]
+        last = self.save_point(n_prefix, cuts)
+        filed = [p for p in (self.prefix_cache.checkpoint(cuts), last) if p and p != head]
         if self.invariant:
-            chain = self.stops(cuts, filed)
+            chain = self.stops(cuts, filed, last)
             filed = [p for p in filed if p in chain]
         return tuple(sorted(set(filed)))

@@ -185,7 +185,7 @@ class SharedCalls:
             t0 = time.perf_counter()
             kept = self.prefill.keeps(prefix_tokens, cuts)
             try:
-                reused, tail_at = self.prefill.fill_shared(prefix_tokens, cuts, self._jobs[j][3])
+                reused, tail_at, _ = self.prefill.fill_shared(prefix_tokens, cuts, self._jobs[j][3])
             except SemifError as exc:
                 self._outcomes[j] = exc
                 self.prefill.reset(wipe=True)

@@ -19,7 +19,8 @@ import pytest
 
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.engine.deadline import Deadline, DeadlineExceeded
-from semif_adapter.engine.llama_backend import BRANCH_SEQ
+from semif_adapter.engine.llama_backend import BRANCH_SEQ, PREFIX_SEQ
+from semif_adapter.engine.prefix_cache import common_prefix
 from semif_adapter.errors import EngineFailure, TokenBudgetExceeded
 from semif_adapter.throughput import Throughput
 from tests.helpers.support import Answers, engine_settings, engines_under_test, play_turns
@@ -119,8 +120,16 @@ def test_agent_loop_answers_do_not_depend_on_the_cache(
     engine.reset_prefix_cache()
     warm, warm_reused = play(engine, sequential(), cold=False)
     assert warm == baseline  # probabilities and logits, bit for bit
-    # every turn after an agent's first reuses whole blocks of its previous transcript
-    assert all(r > 0 and r % BLOCK == 0 for i, r in enumerate(warm_reused) if i % TURNS)
+    # every turn after an agent's first reuses its previous transcript: whole blocks of it, or on memory
+    # reused at any token (invariant numerics, attention only) every token the two prompts share
+    for (agent, turn), reused in zip(sequential(), warm_reused, strict=True):
+        if not turn:
+            continue
+        if engine.prefix_cache.any_cut:
+            before, now = (engine.prompt_tokens(turn_decisions(agent, t))[0] for t in (turn - 1, turn))
+            assert reused == common_prefix(tuple(before), tuple(now)) > engine.head_cut
+        else:
+            assert reused > 0 and reused % BLOCK == 0
 
     prefix_sizes = [len(engine.prompt_tokens(turn_decisions(a, TURNS - 1))[0]) for a in AGENTS]
     small = load(model_gguf, prefix_cache_tokens=2 * max(prefix_sizes) + BLOCK)  # ~2 agents of 3
@@ -289,3 +298,42 @@ def test_gemma_restoring_a_state_past_2048_tokens_is_exact(gemma_gguf: Path) -> 
     finally:
         engine.close()
     assert np.array_equal(warm, cold), f"max |dlogit| {np.abs(warm - cold).max()}"
+
+
+def test_a_prefix_state_is_saved_where_the_next_request_resumes(
+    cached_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On memory the cache reuses at any token (invariant numerics, attention only, no window) a prefix's
+    state is saved at its end: no call stops at its last cut (a lone decision's call carries the prefix's
+    last stretch with its suffix), and the state asked about again after another one resumes at its end.
+    Elsewhere the state is saved at the last cut, where a call stops. Answers stay equal to cold ones."""
+    engine = cached_engine
+    ask, again = turn_decisions("ops", 2)  # two questions about one state
+    prefix, cuts = engine.prompt_tokens([ask])[0], engine.prefix_cuts([ask])
+    n, last = len(prefix), cuts[-1]
+    assert last < n  # the prefix goes on past its last cut
+    ends: list[int] = []  # where each call leaves sequence 0
+    real = engine.runtime._call
+
+    def logged(parts, cancel):  # type: ignore[no-untyped-def]
+        ends.extend(p.start_pos + len(p.tokens) for p in parts if p.seq == PREFIX_SEQ)
+        return real(parts, cancel)
+
+    monkeypatch.setattr(engine.runtime, "_call", logged)
+    engine.reset_prefix_cache()
+    engine.score([ask])
+    first = list(ends)
+    engine.score(turn_decisions("billing", 1)[:1])  # another state takes sequence 0
+    warm = engine.score([again]).results[0]
+    monkeypatch.undo()
+    engine.reset_prefix_cache()
+    cold = engine.score([again]).results[0]
+    assert (warm.probabilities, warm.option_logits) == (cold.probabilities, cold.option_logits)
+    saved = engine.saved_cuts(cuts, n)
+    if engine.prefix_cache.any_cut:
+        assert saved == (n,)
+        assert last not in first and first[-1] > n  # the last call went on into the suffix
+        assert warm.timing.prefix_reused_tokens == n
+    else:
+        assert saved[-1] == last and last in first
+        assert warm.timing.prefix_reused_tokens == last

@@ -19,7 +19,7 @@ from semif_adapter.engine.chunking import (
     stable_end,
     token_ends,
 )
-from semif_adapter.engine.prefix_cache import PrefixCache, SavedPrefix
+from semif_adapter.engine.prefix_cache import PrefixCache, SavedPrefix, common_prefix
 from semif_adapter.engine.prompt import decision_text
 from tests.helpers.support import engine_settings, engines_under_test
 
@@ -144,16 +144,20 @@ def test_a_new_state_reuses_the_head_and_answers_like_no_cache(
         prefix_user = decision_text(on.scaffold, decisions[0]["state"], "", []).prefix_user
         assert head == len(on.prompt_tokens([decisions[0]])[0]) - len(on.runtime.tokenize(prefix_user, False))
         assert on.prefix_cache.pinned is not None
-        assert [b.timing.prefix_reused_tokens for b in warm] == [head, head]  # pinned at load
+        # the head is pinned at load; where the split does not matter (invariant numerics on attention
+        # memory) the first state is saved at its end, and the second reuses the tokens the two share
+        shared = common_prefix(*(tuple(on.prompt_tokens([d])[0]) for d in decisions))
+        second = max(head, shared) if on.prefix_cache.any_cut else head
+        assert [b.timing.prefix_reused_tokens for b in warm] == [head, second]
         assert [b.timing.prefix_reused_tokens for b in cold] == [0, 0]
-        assert on.prefix_cache_stats().hits == 0  # the head alone is not a hit
+        assert on.prefix_cache_stats().hits == int(second > head)  # the head alone is not a hit
         for a, b in zip(warm, cold, strict=True):
             assert a.results[0].probabilities == b.results[0].probabilities
             assert a.results[0].option_logits == b.results[0].option_logits
         on.reset_prefix_cache()
         assert on.prefix_cache.pinned is None
         assert on.score([decisions[1]]).timing.prefix_reused_tokens == 0
-        assert on.score([decisions[0]]).timing.prefix_reused_tokens == head  # pinned again
+        assert on.score([decisions[0]]).timing.prefix_reused_tokens == second  # the head pinned again
     finally:
         on.close()
         off.close()
@@ -193,7 +197,11 @@ def test_a_grown_state_reuses_the_last_saved_state_whole(request: pytest.Fixture
         on.score(turn(state))
         warm = on.score(turn(grown))
         cold = off.score(turn(grown))
-        assert warm.timing.prefix_reused_tokens == cuts[-1]
+        if on.prefix_cache.any_cut:  # saved at the prefix's end, reused up to the tokens both share
+            shared = common_prefix(tuple(prefix), tuple(on.prompt_tokens(turn(grown))[0]))
+            assert warm.timing.prefix_reused_tokens == shared > cuts[-1]
+        else:
+            assert warm.timing.prefix_reused_tokens == cuts[-1]
         assert warm.results[0].probabilities == cold.results[0].probabilities
         assert warm.results[0].option_logits == cold.results[0].option_logits
     finally:

@@ -17,6 +17,7 @@ import pytest
 
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.engine.chunking import element_spans, event_cuts, shared_cut
+from semif_adapter.engine.prefix_cache import common_prefix
 from tests.helpers.support import Answers, engine_settings, engines_under_test, play_turns
 
 BLOCK = 64
@@ -121,17 +122,24 @@ def test_event_states_answer_alike_cold_warm_and_interleaved(
         small.close()
     assert again == baseline
 
-    # a warm turn whose previous last cut survives (its new event did not cross a block) reuses all of it:
-    # it decodes the new event and the array's closing tokens only
+    # a warm turn reuses all the previous turn saved that it can: on memory reused at any token
+    # (invariant numerics, attention only) the previous prefix's state at its end, cut back to the tokens
+    # both share; elsewhere the previous last cut where it survives (the new event did not cross a block).
+    # It decodes the new event and the array's closing tokens only
     kept = 0
     for i, (agent, turn) in enumerate(sequential):
         if not turn:
             continue
         now = on.prompt_tokens(turn_decisions(agent, turn))[0]
+        before = on.prompt_tokens(turn_decisions(agent, turn - 1))[0]
         cuts_before = on.prefix_cuts(turn_decisions(agent, turn - 1))
         cuts_now = on.prefix_cuts(turn_decisions(agent, turn))
-        saved = on.saved_cuts(cuts_before)  # the fixed split: the last cut; invariant: the last call's stop
-        if cuts_now[: len(cuts_before)] == cuts_before and saved and saved[-1] == cuts_before[-1]:
+        saved = on.saved_cuts(cuts_before, len(before))  # fixed split: the last cut; else the last stop
+        if on.prefix_cache.any_cut:
+            assert saved == (len(before),)
+            assert fresh[i] == len(now) - common_prefix(tuple(before), tuple(now))
+            kept += 1
+        elif cuts_now[: len(cuts_before)] == cuts_before and saved and saved[-1] == cuts_before[-1]:
             assert fresh[i] == len(now) - cuts_before[-1]
             kept += 1
     assert kept >= len(AGENTS)
@@ -201,7 +209,7 @@ def test_a_state_that_cannot_be_cut_back_resumes_where_the_transcript_was_cut(
             shared = shared_cut(tokens, now, previous, before)
             # the furthest state the previous turn saved that this turn shares (the fixed split saves one
             # at every cut this can be; invariant numerics only where its calls stopped)
-            resumable = [p for p in on.saved_cuts(before) if p <= shared]
+            resumable = [p for p in on.saved_cuts(before, len(previous)) if p <= shared]
             assert shared > on.head_cut and warm.timing.prefix_reused_tokens == max(resumable)
             crossed += now[: len(before)] != before
         assert crossed >= 2  # turns whose new event completed a block
