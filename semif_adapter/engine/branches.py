@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from semif_adapter.engine.calls import group_calls, padded_lengths, pieces
+from semif_adapter.engine.calls import group_calls, padded_lengths, run_pieces
 from semif_adapter.engine.chunking import Cuts
 from semif_adapter.engine.deadline import Deadline
 from semif_adapter.engine.llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime, Part
@@ -137,8 +137,12 @@ class Branches:
 
     def decode_run(self, tokens: list[int], start: int, seq: int, cancel: Deadline | None) -> None:
         """One sequence's tokens from ``start``, in calls of at most ``n_batch``, no piece of one token."""
-        for a, b in pieces(0, len(tokens), self.runtime.n_batch, self.prefill.min_piece):
+        for a, b in self.spans(len(tokens), start):
             self.runtime.decode_parts([Part(tokens[a:b], start + a, seq, False)], cancel)
+
+    def spans(self, length: int, start: int) -> list[tuple[int, int]]:
+        """A run of ``length`` tokens from position ``start`` in calls (offsets into the run)."""
+        return run_pieces(length, start, self.runtime.n_batch, self.prefill.min_piece)
 
     def decode_runs(
         self,
@@ -152,7 +156,7 @@ class Branches:
         on sequence 0 itself), runs sharing calls as ``calls.group_calls`` allows; each run's readout at
         its last token, with its share of the calls' seconds (by tokens)."""
         runtime, limit, pad_limit = self.runtime, self.runtime.n_batch, self.prefill.pad_limit
-        spans = [pieces(0, len(run), limit, self.prefill.min_piece) for run in runs]
+        spans = [self.spans(len(run), start) for run in runs]
         seconds = [0.0] * len(runs)
         readouts: list[Readout | None] = [None] * len(runs)
         width = runtime.n_seq_max - 1 if fork else 1

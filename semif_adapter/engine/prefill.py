@@ -200,9 +200,8 @@ class Prefill:
             self.runtime.restore_seq(PREFIX_SEQ, plan.saved.data)
             if plan.cut_back:
                 self.runtime.drop(PREFIX_SEQ, plan.reused)
-        spans = [
-            p for a, b in pairwise(plan.points) for p in pieces(a, b, self.runtime.n_batch, self.min_piece)
-        ]
+        limit, least = self.runtime.n_batch, self.min_piece
+        spans = [p for a, b in pairwise(plan.points) for p in pieces(a, b, limit, least, aligned=True)]
         states = self.decode_chunks(prefix_tokens, spans, cuts, cancel, plan.save_at)
         for p, state in states.items():
             self.file_state(prefix_tokens, cuts, plan, p, state)

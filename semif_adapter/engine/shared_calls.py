@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from semif_adapter.engine.branches import TAIL_COPY_TOKENS, Branches, Decoded, Readout
-from semif_adapter.engine.calls import group_calls, padded_lengths, pieces
+from semif_adapter.engine.calls import group_calls, padded_lengths, run_pieces
 from semif_adapter.engine.chunking import Cuts
 from semif_adapter.engine.deadline import Deadline, Joint
 from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime, Part
@@ -238,7 +238,7 @@ class SharedCalls:
             pending = [r for r in pending if self._outcomes[r.job] is None]
             if not pending:
                 return
-            spans = [pieces(0, len(r.tokens), limit, min_piece) for r in pending]
+            spans = [run_pieces(len(r.tokens), sources[r.job].at, limit, min_piece) for r in pending]
             lasts = [b - a for a, b in (s[-1] for s in spans)]
             call = group_calls(lasts, limit, min_piece, width, pad_limit)[0]
             members = [pending[i] for i in call]

@@ -337,3 +337,34 @@ def test_a_prefix_state_is_saved_where_the_next_request_resumes(
     else:
         assert saved[-1] == last and last in first
         assert warm.timing.prefix_reused_tokens == last
+
+
+def test_a_long_cold_prompt_ends_its_calls_on_kv_cell_boundaries(
+    qwen_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant numerics: a prompt longer than one call ends its calls on multiples of 256 positions
+    (llama.cpp's rounding of the cells a call attends over), not ``n_batch`` tokens after the template
+    head. The answer is the same when the prompt is scored again warm."""
+    engine = qwen_engine
+    assert engine.invariant and engine.runtime.n_batch == 512
+    state = "".join(
+        f"Step {i}: the deploy job {i * 7} finished on node-{i % 5} after {i} retries. " for i in range(60)
+    )
+    ask = {"id": "cold", "state": state, "question": "Roll back?", "options": [{"id": "yes"}, {"id": "no"}]}
+    n = len(engine.prompt_tokens([ask])[0])
+    assert n > 800
+    ends: list[int] = []
+    real = engine.runtime._call
+
+    def logged(parts, cancel):  # type: ignore[no-untyped-def]
+        ends.append(max(p.start_pos + len(p.tokens) for p in parts))
+        return real(parts, cancel)
+
+    engine.reset_prefix_cache()
+    monkeypatch.setattr(engine.runtime, "_call", logged)
+    cold = engine.score([ask]).results[0]
+    monkeypatch.undo()
+    assert 512 in ends and ends[-1] > n
+    assert all(end % 256 == 0 or end == engine.head_cut for end in ends[:-1]), ends
+    warm = engine.score([ask]).results[0]
+    assert (warm.probabilities, warm.option_logits) == (cold.probabilities, cold.option_logits)

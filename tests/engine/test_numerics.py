@@ -12,6 +12,7 @@ fixed split keeps its own guarantees.
 from __future__ import annotations
 
 import random
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,26 @@ def test_pieces_never_leave_a_short_remainder():
     assert pieces(0, 1030, 512, 8) == [(0, 512), (512, 1022), (1022, 1030)]
     assert pieces(0, 1025, 512, 8) == [(0, 512), (512, 1017), (1017, 1025)]
     assert pieces(5, 12, 512, 8) == [(5, 12)]  # a run shorter than a piece stays whole
+
+
+def test_aligned_pieces_end_on_the_call_grid_where_that_takes_no_more_calls():
+    # a cold prompt after the 39-token template head: calls end at 512 and 1024, not at 551 and 1063
+    assert pieces(39, 1283, 512, 8, aligned=True) == [(39, 512), (512, 1024), (1024, 1283)]
+    # from another start, calls end on the cell boundaries in reach: 768, then 1280
+    assert pieces(508, 1600, 512, 8, aligned=True) == [(508, 768), (768, 1280), (1280, 1600)]
+    # the boundaries would take a call more: the plain split stays
+    assert pieces(508, 1300, 512, 8, aligned=True) == pieces(508, 1300, 512, 8) == [(508, 1020), (1020, 1300)]
+    assert pieces(39, 400, 512, 8, aligned=True) == [(39, 400)]
+
+
+@given(st.integers(0, 3000), st.integers(1, 3000), st.sampled_from([8, 16, 32]), st.sampled_from([128, 512]))
+def test_aligned_pieces_cover_the_run_in_safe_calls(start: int, length: int, min_piece: int, limit: int):
+    spans = pieces(start, start + length, limit, min_piece, aligned=True)
+    assert spans[0][0] == start and spans[-1][1] == start + length
+    assert all(a < b for a, b in spans) and all(b == c for (_, b), (c, _) in pairwise(spans))
+    assert all(b - a <= limit for a, b in spans)
+    assert len(spans) == 1 or all(b - a >= min_piece for a, b in spans)
+    assert len(spans) <= len(pieces(start, start + length, limit, min_piece))
 
 
 @given(st.lists(st.integers(1, 200), min_size=1, max_size=12), st.sampled_from([8, 16]), st.integers(1, 6))
