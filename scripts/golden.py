@@ -23,6 +23,11 @@ kernel set, keyed by the scoring version's ``llama_cpp`` part (commit, device, v
   native build) each answer must be within :data:`TOLERANCE` of the reference answer (token counts
   exact), and ``make golden`` on that machine records them exactly.
 
+The engine runs with its default settings, so in the fixed split llama.cpp's extra weight buffers follow
+``SEMIF_CPU_EXTRA_BUFFERS=auto``: repacked wherever the loaded kernels have no AMX (the reference kernels
+everywhere), plain where they do. Repacking moves fixed-split answers, so the scoring version names the
+choice (``xb-on``/``xb-off``), and under ``auto`` the choice follows from the kernels the key names.
+
 ``make golden`` (``python -m scripts.golden``) scores every request on both, prints which answers moved
 and by how much, and rewrites the answers file; it prints a CHANGELOG line to adapt. ``--check`` only
 compares.

@@ -306,6 +306,7 @@ class DecisionEngine:
                 min_piece=self.min_piece,
                 n_batch=runtime.n_batch,
                 attention=attention,
+                extra_buffers=runtime.extra_buffers.use,
             ),
             llama_cpp=scoring.llama_cpp_part(
                 runtime.build_commit(),

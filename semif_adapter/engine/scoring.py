@@ -147,12 +147,17 @@ def split_part(plan: Callable[[Sequence[dict[str, Any]]], object]) -> str:
     return f"{SPLIT_REVISION}.{short_hash([plan(request) for request in REFERENCE_REQUESTS])}"
 
 
-def numerics_part(mode: str, *, min_piece: int, n_batch: int, attention: str) -> str:
-    """``invariant.p<min piece>`` or ``fixed-split.b<call size>`` (the split then decides the numbers),
-    the flash-attention setting (``fa-on``, ``fa-off``, ``fa-auto``: llama.cpp decides), and the
-    decode/readout revision."""
-    shape = f"invariant.p{min_piece}" if mode == "invariant" else f"fixed-split.b{n_batch}"
-    return f"{shape}.{attention}.{NUMERICS_REVISION}"
+def numerics_part(mode: str, *, min_piece: int, n_batch: int, attention: str, extra_buffers: bool) -> str:
+    """``invariant.p<min piece>`` or ``fixed-split.b<call size>.xb-<on|off>`` (the split then decides
+    the numbers, and so does whether the weights sit in llama.cpp's extra buffer types: repacked weights
+    take other kernels, whose sums differ in the last bits — the choice follows ``SEMIF_CPU_EXTRA_BUFFERS``
+    and the CPU's AMX flag, neither of which the ``llama_cpp`` part sees), the flash-attention setting
+    (``fa-on``, ``fa-off``, ``fa-auto``: llama.cpp decides), and the decode/readout revision. Invariant
+    numerics never use extra buffers (``kernels.extra_buffers``), so their part does not name them."""
+    if mode == "invariant":
+        return f"invariant.p{min_piece}.{attention}.{NUMERICS_REVISION}"
+    buffers = "xb-on" if extra_buffers else "xb-off"
+    return f"fixed-split.b{n_batch}.{attention}.{buffers}.{NUMERICS_REVISION}"
 
 
 def llama_cpp_part(commit: str | None, system_info: str, *, gpu_offload: bool) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from semif_adapter.engine import DecisionEngine, kernels, planner, prompt, scoring
 from semif_adapter.engine.chunking import block_cuts, event_cuts
+from tests.helpers.support import engine_settings
 
 AVX2 = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | REPACK = 1 | "
 AVX512 = AVX2.replace("AVX2 = 1 |", "AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 |")
@@ -62,6 +63,44 @@ def test_the_numerics_mode_changes_the_version(
     assert {before.numerics.split(".")[0], after.numerics.split(".")[0]} == {"invariant", "fixed-split"}
 
 
+def test_the_fixed_split_names_whether_weights_are_repacked(
+    gemma_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Repacked weights take other kernels (SEMIF_CPU_EXTRA_BUFFERS, or a CPU without AMX under ``auto``)
+    and the ``llama_cpp`` part cannot see that choice, so the numerics part names it. Switching them on
+    for real is a state this machine cannot run where it advertises AMX (that buffer type crashed), so the
+    runtime's recorded choice is swapped instead."""
+    monkeypatch.setattr(gemma_engine, "invariant", False)
+    off = kernels.ExtraBuffers(False, "test")
+    monkeypatch.setattr(gemma_engine.runtime, "extra_buffers", off)
+    before = gemma_engine._scoring_parts()
+    monkeypatch.setattr(gemma_engine.runtime, "extra_buffers", kernels.ExtraBuffers(True, "test"))
+    after = gemma_engine._scoring_parts()
+    assert after.changed(before) == ["numerics"] and after.version != before.version
+    assert ".xb-off." in before.numerics and ".xb-on." in after.numerics
+
+
+def test_a_fixed_split_engine_reports_its_own_buffer_choice(gemma_gguf: Path) -> None:
+    engine = DecisionEngine.load(
+        engine_settings(gguf_path=gemma_gguf, numerics="fixed-split", cpu_extra_buffers="off")
+    )
+    try:
+        assert not engine.runtime.extra_buffers.use
+        assert engine.scoring.numerics.startswith("fixed-split.") and ".xb-off." in engine.scoring.numerics
+    finally:
+        engine.close()
+
+
+def test_only_the_fixed_split_names_extra_buffers(gemma_engine: DecisionEngine) -> None:
+    """Invariant numerics always run without them (``kernels.extra_buffers``), so their part does not
+    name them and their versions did not move."""
+    if gemma_engine.invariant:
+        assert not gemma_engine.runtime.extra_buffers.use
+        assert ".xb-" not in gemma_engine.scoring.numerics
+    else:
+        assert ".xb-" in gemma_engine.scoring.numerics
+
+
 def test_other_kernels_change_the_version(
     gemma_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -78,8 +117,6 @@ def test_another_model_has_another_version(gemma_engine: DecisionEngine, qwen_en
 
 def test_the_reference_requests_plan_in_any_context_size(gemma_gguf: Path) -> None:
     """A small context refuses the long reference state as a request, yet plans it for the version."""
-    from tests.helpers.support import engine_settings
-
     small = DecisionEngine.load(engine_settings(gguf_path=gemma_gguf, n_ctx=256, numerics="fixed-split"))
     try:
         assert small.scoring.split.startswith(scoring.SPLIT_REVISION + ".")
