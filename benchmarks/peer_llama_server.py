@@ -18,6 +18,12 @@ Workloads, each item sent to both servers back to back (the side that goes first
   decisions (one request to us, two to llama-server). ``--agent-state json`` (default) sends the state as a
   JSON array of events, ``text`` as lines of text.
 
+* cold singles, flash attention apart: ``--attention-singles`` more cold singles (states of their own),
+  each sent to us, to llama-server as above and to a second llama-server with ``-fa off`` (the order
+  rotates). llama-server's default (``-fa auto``) turns flash attention on on CPU; our invariant numerics
+  keep it off (``docs/design.md``: its kernel changes with the number of query rows in a call). The
+  ratio against ``-fa off`` is the cold-path gap with attention computed the same way on both sides.
+
 * 4 agents at once: 4 other agents × ``--turns`` turns, each turn all four send their request together
   (2 decisions each): ours batched (the 4 requests in flight at once, decoded in shared calls), ours one
   at a time (a second server of ours, ``SEMIF_MAX_BATCH_REQUESTS=1``, the same requests one after another)
@@ -55,7 +61,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import version as package_version
@@ -485,6 +491,55 @@ def four_agents(engine: DecisionEngine, args: argparse.Namespace) -> list[list[l
     return turns
 
 
+def attention_singles(engine: DecisionEngine, args: argparse.Namespace) -> list[dict]:
+    """Cold singles of their own (another seed), so that none of them is cached on any side."""
+    rng = random.Random(8)
+    out = []
+    for i in range(args.attention_singles):
+        q, opts = QUESTIONS[(i + 3) % len(QUESTIONS)]
+        out.append(decision(f"fa{i}", text_state(engine, rng, args.state_tokens), q, opts))
+    return out
+
+
+def run_attention_reference(
+    items: list[dict], ours: Client, theirs: Client, theirs_fa_off: Client, engine: DecisionEngine
+) -> dict:
+    """Each cold single on the three servers (who goes first rotates); per side its total wall time."""
+    sides = {
+        "ours": lambda d: ask_ours(ours, [d]),
+        "llama_server": lambda d: ask_theirs(theirs, engine, [d], Side("llama-server")),
+        "llama_server_fa_off": lambda d: ask_theirs(theirs_fa_off, engine, [d], Side("fa-off")),
+    }
+    seconds = dict.fromkeys(sides, 0.0)
+    gap = 0.0
+    for n, item in enumerate(items):
+        names = list(sides)
+        names = names[n % 3 :] + names[: n % 3]
+        answers = {}
+        for name in names:
+            t0 = time.perf_counter()
+            answers[name] = sides[name](item)[item["id"]]
+            seconds[name] += time.perf_counter() - t0
+        # the two llama-servers on the same tokens: how far flash attention alone moves an answer
+        gap = max(
+            gap,
+            *(
+                abs(a - b)
+                for a, b in zip(answers["llama_server"], answers["llama_server_fa_off"], strict=True)
+            ),
+        )
+        so_far = ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items())
+        print(f"flash attention apart {n + 1}/{len(items)}: {so_far}", file=sys.stderr, flush=True)
+    return {
+        "items": len(items),
+        **{f"{k}_s": round(v, 3) for k, v in seconds.items()},
+        "ratio": round(seconds["ours"] / seconds["llama_server"], 3),
+        "ratio_fa_off": round(seconds["ours"] / seconds["llama_server_fa_off"], 3),
+        "llama_server_fa_off_speedup": round(seconds["llama_server_fa_off"] / seconds["llama_server"], 3),
+        "llama_server_fa_on_vs_off_max_dp": gap,
+    }
+
+
 def run_four_agents(
     turns: list[list[list[dict]]], ours: Client, ours_alone: Client, theirs: Client, engine: DecisionEngine
 ) -> dict:
@@ -542,7 +597,8 @@ def bench_model(key: str, gguf: Path, binary: Path, args: argparse.Namespace, lo
     )
     plan = workloads(engine, args)
     agents_at_once = four_agents(engine, args)
-    ours_port, theirs_port, alone_port = free_port(), free_port(), free_port()
+    fa_items = attention_singles(engine, args)
+    ours_port, theirs_port, alone_port, fa_off_port = free_port(), free_port(), free_port(), free_port()
     command, env = ours_command(gguf, args.threads, ours_port)
     alone_command, alone_env = ours_command(gguf, args.threads, alone_port, {"SEMIF_MAX_BATCH_REQUESTS": "1"})
     theirs = theirs_command(binary, gguf, args.threads, theirs_port, args.slots, args.n_ctx)
@@ -598,6 +654,26 @@ def bench_model(key: str, gguf: Path, binary: Path, args: argparse.Namespace, lo
             }
             print(json.dumps({key: {name: result["workloads"][name]}}), file=sys.stderr, flush=True)
         result["max_abs_dp_ours_vs_llama_server"] = duel.agree
+        if fa_items:
+            fa_off = [
+                *theirs_command(binary, gguf, args.threads, fa_off_port, args.slots, args.n_ctx),
+                "-fa",
+                "off",
+            ]
+            log = logs / f"llama-server-fa-off-{key}.log"
+            with running(fa_off, dict(os.environ), fa_off_port, "/health", log) as fa_off_client:
+                load_before = load_average()
+                reference = run_attention_reference(
+                    fa_items, ours_client, their_client, fa_off_client, engine
+                )
+                reference["load_average_before"] = load_before
+                reference["load_average_after"] = load_average()
+                result["cold_singles_flash_attention_apart"] = reference
+                print(
+                    json.dumps({key: {"cold_singles_flash_attention_apart": reference}}),
+                    file=sys.stderr,
+                    flush=True,
+                )
         with running(alone_command, alone_env, alone_port, "/ping", logs / f"ours-alone-{key}.log") as alone:
             load_before = load_average()
             four = run_four_agents(agents_at_once, ours_client, alone, their_client, engine)
@@ -650,6 +726,16 @@ def their_kernels(binary: Path, gguf: Path, threads: int, log: Path) -> dict[str
     return {"variant": kernels.cpu_variant(features) if line else None, "features": features}
 
 
+def section(report: dict, key: str, title: str, header: str, cells: Callable[[dict], str]) -> list[str]:
+    """A titled table with one row per model that has ``key`` in its report row."""
+    rule = "|---" * header.count(" | ") + "|---|"
+    lines = ["", title, "", header, rule]
+    for row in report["models"]:
+        if row.get(key):
+            lines.append(f"| {row['model']} | {cells(row[key])} |")
+    return lines
+
+
 def markdown(report: dict) -> str:
     lines = [
         f"machine: {report['machine']}, {report['threads']} threads each; load average "
@@ -668,23 +754,31 @@ def markdown(report: dict) -> str:
                 f"| {w['ratio']:.2f} | {w['ours_reask_drift']:.2e} | {w['llama_server_reask_drift']:.2e} "
                 f"| {w['load_average_before']} |"
             )
-    lines += [
-        "",
+    lines += section(
+        report,
+        "four_agents_at_once",
         "4 agents at once (warm turns' wall time): ours batched | ours one at a time | llama-server 4 slots",
-        "",
         "| model | warm turns | ours batched s | ours one at a time s | llama-server s "
         "| batched ÷ llama-server | one at a time ÷ batched | max |Δp| batched vs one at a time |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for row in report["models"]:
-        f = row.get("four_agents_at_once")
-        if f:
-            lines.append(
-                f"| {row['model']} | {f['warm_turns']} | {f['ours_batched_s']:.2f} "
-                f"| {f['ours_one_at_a_time_s']:.2f} | {f['llama_server_s']:.2f} | {f['ratio']:.2f} "
-                f"| {f['batched_speedup']:.2f} "
-                f"| {f['batched_vs_one_at_a_time_max_dp']:.2e} |"
-            )
+        lambda f: (
+            f"{f['warm_turns']} | {f['ours_batched_s']:.2f} | {f['ours_one_at_a_time_s']:.2f} "
+            f"| {f['llama_server_s']:.2f} | {f['ratio']:.2f} | {f['batched_speedup']:.2f} "
+            f"| {f['batched_vs_one_at_a_time_max_dp']:.2e}"
+        ),
+    )
+    lines += section(
+        report,
+        "cold_singles_flash_attention_apart",
+        "Cold singles, flash attention apart: ours | llama-server as run (-fa auto: on) "
+        "| llama-server -fa off (attention computed as ours)",
+        "| model | items | ours s | llama-server s | llama-server -fa off s | ours ÷ llama-server "
+        "| ours ÷ llama-server -fa off | llama-server: -fa off ÷ on | max |Δp| llama-server on vs off |",
+        lambda a: (
+            f"{a['items']} | {a['ours_s']:.2f} | {a['llama_server_s']:.2f} "
+            f"| {a['llama_server_fa_off_s']:.2f} | {a['ratio']:.2f} | {a['ratio_fa_off']:.2f} "
+            f"| {a['llama_server_fa_off_speedup']:.2f} | {a['llama_server_fa_on_vs_off_max_dp']:.2e}"
+        ),
+    )
     lines.append("")
     for row in report["models"]:
         numerics = row.get("ours_numerics") or {}
@@ -726,6 +820,12 @@ def main() -> None:
     parser.add_argument(
         "--hybrid", action="store_true", help="add the Qwen3.5-shaped (0.8B-class) model's row"
     )
+    parser.add_argument(
+        "--attention-singles",
+        type=int,
+        default=6,
+        help="cold singles also sent to a llama-server with -fa off (0: skip; 6: each goes first twice)",
+    )
     parser.add_argument("--hybrid-singles", type=int, default=3)
     parser.add_argument("--hybrid-turns", type=int, default=3)
     parser.add_argument("--json", type=Path, help="write the report here (and a .md beside it)")
@@ -745,7 +845,12 @@ def main() -> None:
     runs = [(key, ensure_model(key), args) for key in args.models]
     if args.hybrid:
         short = argparse.Namespace(
-            **{**vars(args), "singles": args.hybrid_singles, "turns": args.hybrid_turns}
+            **{
+                **vars(args),
+                "singles": args.hybrid_singles,
+                "turns": args.hybrid_turns,
+                "attention_singles": min(args.attention_singles, args.hybrid_singles),
+            }
         )
         runs.append(("qwen35-0.8b-shaped", shaped_model("0.8b", args.cmake_args), short))
     for key, gguf, run_args in runs:  # the files are rewritten after each model: a long run keeps its rows
