@@ -2,12 +2,21 @@
 
 The invariant configuration (``semif_adapter.engine.numerics``) runs flash attention off, because the
 probe finds that it moves answers when tokens are grouped into calls differently. This benchmark puts a
-number on that choice: one process loads the model twice on the loaded kernels, both in the invariant
-context (one KV stream per sequence, weight repacking off), one with flash attention off and one with it
-on, and times bare ``llama_decode`` over the same tokens in three call shapes (a cold prompt in
-512-token calls, a prefix in 128-token calls, short 32-token calls like an agent's event or a decision's
-suffix). The two contexts alternate, so drift on a shared machine hits both alike; the best of the
-repeats counts. Then the probe runs on each (its verdict cache bypassed) and its checks are reported.
+number on that choice. One process loads the model four times on the loaded kernels, all in the
+invariant context (one KV stream per sequence, weight repacking off): flash attention off and on, each
+in two context shapes, because the cost of attention without flash attention depends on the shape:
+
+* **served**: what the engine runs with default settings (``n_ctx`` cells per stream, one stream for
+  the prefix and one per decision of a shared call);
+* **small**: two streams just large enough for the tokens timed (what this benchmark used before).
+
+It times bare ``llama_decode`` over the same tokens in five call shapes: a cold prompt in 512-token
+calls; after that prompt, 64-token calls (an agent's event with a decision's suffix) and 40-token calls
+(a lone suffix); a prefix in 128-token calls; short 32-token calls. With flash attention on, the runtime
+pads every piece to 64 rows (``LlamaRuntime.min_rows``), so the 40- and 32-token calls show what that
+padding costs against unpadded calls without flash attention. The contexts alternate, so drift on a shared machine hits all alike; the best of the
+repeats counts. Then the probe runs on the served shape with each setting (its verdict cache bypassed)
+and its checks are reported.
 
     python -m benchmarks.attention_configs [--models qwen gemma] [--repeats 3] [--json F]
 """
@@ -22,14 +31,32 @@ import time
 from pathlib import Path
 from typing import Any
 
-SHAPES = ((1244, 512), (896, 128), (512, 32))  # (tokens, tokens per call)
+#: (name, tokens decoded before the timed calls and kept, tokens timed, tokens per call); a shape with a
+#: prefix runs after the one before it, on the prefix that one left
+SHAPES = (
+    ("cold prompt", 0, 1244, 512),
+    ("64-token calls after it", 1244, 256, 64),
+    ("40-token calls after it", 1244, 160, 40),
+    ("prefix in 128-token calls", 0, 896, 128),
+    ("32-token calls", 0, 512, 32),
+)
+#: the tokens the longest shape keeps in a stream
+LONGEST = max(start + tokens for _, start, tokens, _ in SHAPES)
 TEXT = (
     "Event {i}: worker-{w} reported queue depth {d} and p95 latency {l} ms; the scheduler moved two "
     "jobs to the spare pool and asked the on-call engineer to confirm the change. "
 )
 
 
-def _runtime(gguf: Path, flash: bool, threads: int, n_ctx: int) -> Any:
+def _context_shapes() -> dict[str, tuple[int, int]]:
+    """Cells per stream and streams: the engine's defaults, and a small context that just fits."""
+    from semif_adapter.settings import Settings
+
+    served = Settings(verify_manifest=False)
+    return {"served": (served.n_ctx, 1 + served.batch_sequences), "small": (LONGEST + 64, 2)}
+
+
+def _runtime(gguf: Path, flash: bool, threads: int, n_ctx: int, n_seq_max: int) -> Any:
     from semif_adapter.engine.llama_backend import LlamaRuntime
 
     return LlamaRuntime(
@@ -39,19 +66,25 @@ def _runtime(gguf: Path, flash: bool, threads: int, n_ctx: int) -> Any:
         n_threads=threads,
         n_gpu_layers=0,
         invariant=True,
-        n_seq_max=2,
+        n_seq_max=n_seq_max,
         flash_attention=flash,
     )
 
 
-def _time(runtime: Any, ids: list[int], per_call: int) -> float:
+def _time(runtime: Any, ids: list[int], start: int, tokens: int, per_call: int) -> float:
+    """Seconds to decode ``ids[start:start + tokens]`` in calls of ``per_call``; with ``start``, on the
+    prefix the shape before left (dropped back to it afterwards), else on an empty context."""
     from semif_adapter.engine.llama_backend import PREFIX_SEQ
 
-    runtime.clear()
+    if start == 0:
+        runtime.clear()
     t0 = time.perf_counter()
-    runtime.decode(ids, 0, PREFIX_SEQ, want_logits=True, chunk_size=per_call)
+    runtime.decode(ids[start : start + tokens], start, PREFIX_SEQ, want_logits=True, chunk_size=per_call)
     runtime.last_logits()
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    if start:
+        runtime.drop(PREFIX_SEQ, start)
+    return seconds
 
 
 def _verdict(gguf: Path, flash: bool, threads: int) -> dict[str, Any]:
@@ -60,8 +93,6 @@ def _verdict(gguf: Path, flash: bool, threads: int) -> dict[str, Any]:
     from semif_adapter.settings import Settings
 
     settings = Settings(
-        n_ctx=4096,
-        n_batch=512,
         n_threads=threads,
         numerics="auto",
         numerics_probe_cache=False,
@@ -79,31 +110,45 @@ def measure(model: str, repeats: int, threads: int) -> dict[str, Any]:
     from semif_adapter.model.demo_models import ensure_model
 
     gguf = ensure_model(model)
-    n_ctx = max(tokens for tokens, _ in SHAPES) + 64
-    contexts = {flash: _runtime(gguf, flash, threads, n_ctx) for flash in (False, True)}
+    contexts = {
+        (shape, flash): _runtime(gguf, flash, threads, n_ctx, n_seq_max)
+        for shape, (n_ctx, n_seq_max) in _context_shapes().items()
+        for flash in (False, True)
+    }
     try:
-        events = range(max(tokens for tokens, _ in SHAPES) // 8)
+        first = next(iter(contexts.values()))
+        events = range(LONGEST // 8)
         text = "".join(TEXT.format(i=i, w=i % 7, d=40 + 3 * i, l=100 + 11 * i) for i in events)
-        ids = contexts[False].tokenize(text, False)
+        ids = first.tokenize(text, False)
+        if len(ids) < LONGEST:
+            raise SystemExit(f"the text gave {len(ids)} tokens, fewer than {LONGEST}")
+        best = {(key, name): float("inf") for key in contexts for name, *_ in SHAPES}
+        for _, start, tokens, per_call in SHAPES:
+            _time(first, ids, start, tokens, per_call)  # warm caches and threads
+        for _ in range(repeats):
+            for key, runtime in contexts.items():
+                for name, start, tokens, per_call in SHAPES:
+                    seconds = _time(runtime, ids, start, tokens, per_call)
+                    best[key, name] = min(best[key, name], seconds)
         shapes = []
-        for tokens, per_call in SHAPES:
-            if len(ids) < tokens:
-                raise SystemExit(f"the text gave {len(ids)} tokens, fewer than {tokens}")
-            best = {flash: float("inf") for flash in contexts}
-            _time(contexts[False], ids[:tokens], per_call)  # warm caches and threads
-            for _ in range(repeats):
-                for flash, runtime in contexts.items():
-                    best[flash] = min(best[flash], _time(runtime, ids[:tokens], per_call))
-            shapes.append(
-                {
-                    "tokens": tokens,
-                    "per_call": per_call,
-                    "off_s": best[False],
-                    "on_s": best[True],
-                    "on_over_off": best[True] / best[False],
-                }
-            )
-        library = contexts[False].cpu_library
+        for context, (n_ctx, n_seq_max) in _context_shapes().items():
+            for name, start, tokens, per_call in SHAPES:
+                off, on = best[(context, False), name], best[(context, True), name]
+                shapes.append(
+                    {
+                        "context": context,
+                        "n_ctx": n_ctx,
+                        "n_seq_max": n_seq_max,
+                        "shape": name,
+                        "start": start,
+                        "tokens": tokens,
+                        "per_call": per_call,
+                        "off_s": off,
+                        "on_s": on,
+                        "on_over_off": on / off,
+                    }
+                )
+        library = first.cpu_library
     finally:
         for runtime in contexts.values():
             runtime.close()
@@ -114,15 +159,18 @@ def measure(model: str, repeats: int, threads: int) -> dict[str, Any]:
 def report(rows: list[dict[str, Any]], repeats: int, threads: int) -> str:
     lines = [
         f"machine: {platform.machine()}, {threads} threads; invariant context (one KV stream per sequence, "
-        f"repacking off), flash attention off vs on in one process; best of {repeats} alternations",
+        f"repacking off), flash attention off vs on in one process; best of {repeats} alternations. "
+        "Context shapes: served = the engine's defaults, small = two streams just large enough",
         "",
-        "| model | tokens | per call | flash off s | flash on s | on ÷ off |",
-        "|---|---|---|---|---|---|",
+        "| model | context (cells per stream × streams) | calls | tokens | per call | flash off s "
+        "| flash on s | on ÷ off |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         for s in row["shapes"]:
             lines.append(
-                f"| {row['gguf']} | {s['tokens']} | {s['per_call']} | {s['off_s']:.3f} | {s['on_s']:.3f} "
+                f"| {row['gguf']} | {s['context']} ({s['n_ctx']} × {s['n_seq_max']}) | {s['shape']} "
+                f"| {s['tokens']} | {s['per_call']} | {s['off_s']:.3f} | {s['on_s']:.3f} "
                 f"| **{s['on_over_off']:.3f}** |"
             )
     lines += ["", "| model | flash attention | probe's mode | checks that moved (max abs logit change) |"]
@@ -141,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--models", nargs="+", default=["qwen", "gemma"], choices=["qwen", "gemma"])
-    parser.add_argument("--repeats", type=int, default=3, help="alternations of the two contexts")
+    parser.add_argument("--repeats", type=int, default=3, help="alternations of the four contexts")
     parser.add_argument("--threads", type=int, default=available_cores())
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)

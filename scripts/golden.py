@@ -23,10 +23,12 @@ kernel set, keyed by the scoring version's ``llama_cpp`` part (commit, device, v
   native build) each answer must be within :data:`TOLERANCE` of the reference answer (token counts
   exact), and ``make golden`` on that machine records them exactly.
 
-The engine runs with its default settings, so in the fixed split llama.cpp's extra weight buffers follow
-``SEMIF_CPU_EXTRA_BUFFERS=auto``: repacked wherever the loaded kernels have no AMX (the reference kernels
-everywhere), plain where they do. Repacking moves fixed-split answers, so the scoring version names the
-choice (``xb-on``/``xb-off``), and under ``auto`` the choice follows from the kernels the key names.
+Three modes: ``invariant`` and ``fixed-split`` with the engine's default settings otherwise, and
+``invariant-flash`` (``SEMIF_FLASH_ATTENTION=true``: pieces padded to flash attention's tiled rows). In
+the fixed split llama.cpp's extra weight buffers follow ``SEMIF_CPU_EXTRA_BUFFERS=auto``: repacked
+wherever the loaded kernels have no AMX (the reference kernels everywhere), plain where they do.
+Repacking moves fixed-split answers, so the scoring version names the choice (``xb-on``/``xb-off``), and
+under ``auto`` the choice follows from the kernels the key names.
 
 ``make golden`` (``python -m scripts.golden``) scores every request on both, prints which answers moved
 and by how much, and rewrites the answers file; it prints a CHANGELOG line to adapt. ``--check`` only
@@ -52,7 +54,14 @@ GOLDEN = ROOT / "tests" / "golden"
 REQUESTS = GOLDEN / "requests.json"
 ANSWERS = GOLDEN / "answers.json"
 MODELS = ("gemma", "qwen")
-MODES = ("invariant", "fixed-split")
+MODES = ("invariant", "fixed-split", "invariant-flash")
+#: The engine settings of each mode: ``invariant-flash`` is invariant numerics with flash attention on
+#: (every piece padded to its tiled kernel's rows), a configuration of its own scoring version.
+MODE_SETTINGS: dict[str, dict[str, Any]] = {
+    "invariant": {"numerics": "invariant"},
+    "fixed-split": {"numerics": "fixed-split"},
+    "invariant-flash": {"numerics": "invariant", "flash_attention": True},
+}
 KERNELS = ("loaded", "reference")
 FORMAT = 2
 #: Largest |Δp| allowed against the reference answers on kernels with no record of their own: a sanity
@@ -241,7 +250,7 @@ def load_engine(model: str, mode: str) -> Any:
     from semif_adapter.model.demo_models import ensure_model
     from semif_adapter.settings import EngineSettings
 
-    return DecisionEngine.load(EngineSettings(gguf_path=ensure_model(model), numerics=mode))
+    return DecisionEngine.load(EngineSettings(gguf_path=ensure_model(model), **MODE_SETTINGS[mode]))
 
 
 def write_answers(doc: Mapping[str, Any], path: Path = ANSWERS) -> None:

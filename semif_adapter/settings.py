@@ -64,8 +64,9 @@ class EngineSettings(BaseSettings):
     )
     flash_attention: bool = Field(
         default=False,
-        description="Flash attention in invariant numerics (its tiles follow the batch on CPU, so the probe "
-        "usually refuses it and the engine falls back to the fixed split).",
+        description="Flash attention in invariant numerics: every sequence's piece of a call is padded to "
+        "its CPU kernel's 64-row tile (fewer rows take a per-row path with other numbers), as the probe "
+        "proves at load; attention-only models only (hybrid and recurrent ones keep the fixed split).",
     )
     cpu_extra_buffers: Literal["auto", "on", "off"] = Field(
         default="auto",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,7 @@ from tests.helpers.support import (
     engine_settings,
     engines_under_test,
     make_model_dir,
+    numerics_engines,
     start_server,
     wait_for_ping,
 )
@@ -116,8 +118,8 @@ def dense_gguf(request: pytest.FixtureRequest, tokenizer_gguf: Path) -> Path:
     return _random_gguf(request, "gemma3", tokenizer_gguf)
 
 
-def _loaded(gguf: Path) -> Iterator[DecisionEngine]:
-    engine = DecisionEngine.load(engine_settings(), gguf)
+def _loaded(gguf: Path, **settings: Any) -> Iterator[DecisionEngine]:
+    engine = DecisionEngine.load(engine_settings(**settings), gguf)
     yield engine
     engine.close()
 
@@ -130,6 +132,16 @@ def gemma_engine(gemma_gguf: Path) -> Iterator[DecisionEngine]:
 @pytest.fixture(scope="session")
 def qwen_engine(qwen_gguf: Path) -> Iterator[DecisionEngine]:
     yield from _loaded(qwen_gguf)
+
+
+@pytest.fixture(scope="session")
+def gemma_flash_engine(gemma_gguf: Path) -> Iterator[DecisionEngine]:
+    yield from _loaded(gemma_gguf, flash_attention=True)
+
+
+@pytest.fixture(scope="session")
+def qwen_flash_engine(qwen_gguf: Path) -> Iterator[DecisionEngine]:
+    yield from _loaded(qwen_gguf, flash_attention=True)
 
 
 @pytest.fixture(scope="session")
@@ -152,6 +164,13 @@ def engine(request: pytest.FixtureRequest) -> DecisionEngine:
     """Each engine test runs on both real models (base/plain prompt and ChatML template) and on the
     tiny random fixtures: hybrid (the production architecture's memory: no partial sequence removal)
     and pure recurrent (no KV cells at all); ``SEMIF_TEST_ENGINES`` changes the list."""
+    return request.getfixturevalue(f"{request.param}_engine")
+
+
+@pytest.fixture(scope="session", params=numerics_engines())
+def numerics_engine(request: pytest.FixtureRequest) -> DecisionEngine:
+    """The bit-identity tests' engines: those of ``engine`` and the real models with flash attention on
+    (pieces padded to its tiled rows); ``SEMIF_TEST_ENGINES`` changes the list."""
     return request.getfixturevalue(f"{request.param}_engine")
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from semif_adapter.engine.calls import group_calls, padded_lengths, run_pieces
+from semif_adapter.engine.calls import floored, group_calls, padded_lengths, run_pieces
 from semif_adapter.engine.chunking import Cuts
 from semif_adapter.engine.deadline import Deadline
 from semif_adapter.engine.llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime, Part
@@ -160,7 +160,7 @@ class Branches:
         seconds = [0.0] * len(runs)
         readouts: list[Readout | None] = [None] * len(runs)
         width = runtime.n_seq_max - 1 if fork else 1
-        lasts = [b - a for a, b in (s[-1] for s in spans)]
+        lasts = floored([b - a for a, b in (s[-1] for s in spans)], runtime.min_rows)
         for call in group_calls(lasts, limit, self.prefill.min_piece, width, pad_limit):
             # consecutive sequence ids in the call's order: the order llama.cpp's split was modelled in
             seqs = list(range(1, 1 + len(call))) if fork else [PREFIX_SEQ]

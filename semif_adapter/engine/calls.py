@@ -16,10 +16,11 @@ and more by nothing). The probe finds the smallest safe piece (``min_piece``, on
   apart (:func:`group_calls`);
 * where the probe proved it (``numerics``), a sequence shorter than others in its call by at most
   ``pad_limit`` tokens is **padded** to their length with filler tokens after its last real token
-  (:func:`padded_lengths`). Every micro-batch of llama.cpp's split costs one pass over the weights, so
-  runs of 36, 37, 38 and 39 tokens would take four passes (or calls) unpadded and take one padded. A
-  filler token comes after every real token of its sequence, so the causal mask hides it from them; its
-  cells are dropped after the call, and no logits are read from it.
+  (:func:`padded_lengths`); with flash attention, every part is planned at 64 rows or more
+  (:func:`floored`), its tiled kernel's size. Every micro-batch of llama.cpp's split costs one pass
+  over the weights, so runs of 36, 37, 38 and 39 tokens would take four passes (or calls) unpadded
+  and one padded. A filler token comes after every real token of its sequence, so the causal mask
+  hides it from them; its cells are dropped after the call, and no logits are read from it.
 
 The model of llama.cpp's split is checked at load, not trusted: the probe decodes planned calls and
 compares them with each sequence decoded alone, bit for bit.
@@ -128,6 +129,14 @@ def padded_lengths(lengths: Sequence[int], pad_limit: int) -> list[int]:
             widths[i] = level
         level = widths[i]
     return widths
+
+
+def floored(lengths: Sequence[int], min_rows: int) -> list[int]:
+    """The length each part is planned at when no sequence may bring fewer than ``min_rows`` rows to a
+    call (flash attention's tiled path, ``LlamaRuntime.min_rows``; 0: none): a shorter part is padded
+    up to it with filler like any other (``padded_lengths``), so llama.cpp's split of a shared call never
+    gives a sequence a piece under it."""
+    return [max(n, min_rows) for n in lengths]
 
 
 def group_calls(

@@ -75,6 +75,12 @@ REQUIRED_SYMBOLS: tuple[str, ...] = (
 PREFIX_SEQ = 0
 BRANCH_SEQ = 1
 
+#: Rows of one sequence that put a call on flash attention's tiled CPU path (ggml-cpu's
+#: ``GGML_FA_TILE_Q``). Fewer take a per-row path whose numbers differ, so in invariant numerics with
+#: flash attention every sequence's piece of a call is padded to at least this many rows
+#: (``LlamaRuntime.min_rows``).
+FLASH_TILE_ROWS = 64
+
 
 @dataclass(frozen=True)
 class Part:
@@ -93,7 +99,12 @@ class Part:
         extra = width - len(self.tokens)
         if extra <= 0:
             return self
-        return replace(self, tokens=[*self.tokens, *[self.tokens[-1]] * extra], filler=extra)
+        return replace(self, tokens=[*self.tokens, *[self.tokens[-1]] * extra], filler=self.filler + extra)
+
+    @property
+    def end(self) -> int:
+        """The position after the part's last real token (where its filler starts)."""
+        return self.start_pos + len(self.tokens) - self.filler
 
 
 DECODE_ABORTED = 2  # llama_decode's return code when the abort callback stopped it
@@ -252,8 +263,18 @@ class LlamaRuntime:
             raise ModelLoadError(f"llama.cpp could not load {path} (not a GGUF, or unsupported architecture)")
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self.model))
+        self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(self.model))
+        # flash attention in invariant numerics: every piece padded to the tiled path's rows, its filler
+        # dropped after the call, which only memory that can drop a sequence's tail allows (the probe
+        # judges the rest); the filler's cells are reserved beyond n_ctx in every stream
+        drops_tails = not (self.is_recurrent or self.is_hybrid)
+        tiled = invariant and flash_attention and drops_tails and n_batch >= FLASH_TILE_ROWS
+        self.min_rows = FLASH_TILE_ROWS if tiled else 0
 
-        cparams = self._context_params(n_ctx, n_batch, n_threads, invariant, n_seq_max, flash_attention)
+        cparams = self._context_params(
+            n_ctx + self.min_rows, n_batch, n_threads, invariant, n_seq_max, flash_attention
+        )
         self.ctx = self.abi.init_from_model(self.model, cparams)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
@@ -264,8 +285,6 @@ class LlamaRuntime:
         self.n_seq_max = int(cparams.n_seq_max)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = self.abi.batch_init(n_batch, 0, 1)
-        self.is_recurrent = bool(llama_cpp.llama_model_is_recurrent(self.model))
-        self.is_hybrid = bool(llama_cpp.llama_model_is_hybrid(self.model))
         self.n_swa = int(llama_cpp.llama_model_n_swa(self.model))  # > 0: sliding-window layers
         self._token_lengths: dict[int, int] = {}
         self._closed = False
@@ -440,9 +459,25 @@ class LlamaRuntime:
             return self._call(parts, cancel)
 
     def _call(self, parts: Sequence[Part], cancel: Deadline | None) -> list[int]:
-        """One ``llama_decode`` of ``parts`` (the token checked first); the rows that carry logits."""
+        """One ``llama_decode`` of ``parts`` (the token checked first); the rows that carry logits.
+
+        With ``min_rows`` (flash attention in invariant numerics), a part shorter than that is padded
+        to it here and its filler's cells are dropped after the call, so no sequence ever takes the
+        per-row kernel; planners that put several parts in one call pad them to ``min_rows`` or more
+        themselves (``calls.floored``), since llama.cpp's split of unequal parts makes short pieces."""
         if cancel is not None:
             cancel.check()
+        floored = [p for p in parts if len(p.tokens) < self.min_rows]
+        if floored:
+            parts = [p.padded(self.min_rows) for p in parts]
+            if sum(len(p.tokens) for p in parts) > self.n_batch:
+                raise EngineFailure(f"a call padded to {self.min_rows} rows a sequence exceeds n_batch")
+        rows = self._decode_batch(parts, cancel)
+        for part in floored:
+            self.drop(part.seq, part.end)
+        return rows
+
+    def _decode_batch(self, parts: Sequence[Part], cancel: Deadline | None) -> list[int]:
         batch = self.batch
         rows: list[int] = []
         i = 0

@@ -2,11 +2,13 @@
 
 llama.cpp's numbers for a token depend on how the tokens around it were grouped into calls, unless the
 kernels it picks are the same whatever the grouping. On CPU they are, in one configuration: weight
-repacking off (``use_extra_bufts``: repacked weights and AMX take batch-shaped kernels), flash attention
-off (its tiles follow the batch), and one KV stream per sequence (``kv_unified = false``: a sequence's
-cells sit where they would if it were alone, and attention reduces them in cell order), with one rule the
-planner keeps (``calls``: no sequence ever gets a short piece of a micro-batch) and one shape it may use
-where the probe allows it (``calls``: runs of nearly one length padded with filler to one length).
+repacking off (``use_extra_bufts``: repacked weights and AMX take batch-shaped kernels), and one KV
+stream per sequence (``kv_unified = false``: a sequence's cells sit where they would if it were alone,
+and attention reduces them in cell order), with one rule the planner keeps (``calls``: no sequence ever
+gets a short piece of a micro-batch) and one shape it may use where the probe allows it (``calls``: runs
+of nearly one length padded with filler to one length). Flash attention is off by default; on
+(``SEMIF_FLASH_ATTENTION``), its CPU kernel is tiled for pieces of 64 rows or more and per-row below, so
+the runtime pads every piece to 64 rows (``LlamaRuntime.min_rows``) and ``min_piece`` becomes 64.
 Nothing promises this for another backend (CUDA picks kernels by batch size), another CPU build (ARM
 i8mm) or another model (a recurrent layer that computes in token chunks), so it is not assumed:
 :func:`probe` decodes one prompt several ways on the library and model actually loaded and compares the
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 INVARIANT = "invariant"
 FIXED_SPLIT = "fixed-split"
 #: Bumped whenever the probe's cases change, so a cached verdict of an older probe is not reused.
-PROBE_VERSION = 6
+PROBE_VERSION = 7
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,9 @@ def probe(runtime: LlamaRuntime, prefix: Sequence[int], suffixes: Sequence[Seque
         alone = _References(decoder, ordered)
         min_piece, single = _shortest_safe_piece(decoder, ordered, alone, checks)
         if min_piece:
+            # flash attention: the runtime pads every piece to its tiled rows, so shorter pieces pass;
+            # calls are planned (and checked) with pieces at least that long
+            min_piece = max(min_piece, runtime.min_rows)
             _check_shared_calls(decoder, ordered, alone, checks, min_piece)
             _check_padding(decoder, ordered, alone, checks, min_piece)
     finally:
@@ -231,6 +236,8 @@ def _check_shared_calls(
     n_branches = runtime.n_seq_max - 1
     use: list[int] = []  # suffixes that may share a call: lengths min_piece apart
     for i, suffix in enumerate(ordered):
+        if len(suffix) < min_piece:
+            continue  # a planner never puts a part that short in a call with others
         if len(use) < min(3, n_branches) and (not use or len(suffix) >= len(ordered[use[-1]]) + min_piece):
             use.append(i)
     if len(use) < 2 or not shares_safely([len(ordered[i]) for i in use], runtime.n_batch, min_piece):

@@ -32,7 +32,10 @@ _NUMERICS_STATE = (
     "Ticket 4471, enterprise plan: the nightly export to the data warehouse failed three nights in a row "
     "with a timeout after 30 minutes. The export job moved to a new worker pool last week; the old pool had "
     "twice the memory. Logs show 14 million rows read from the orders table before the timeout. The "
-    "customer asks whether the export will run tonight and whether this month's invoices are affected."
+    "customer asks whether the export will run tonight and whether this month's invoices are affected. "
+    "Two other customers on the same pool reported slow dashboards since Monday; the status page shows no "
+    "incident. The on-call engineer has not yet replied, and the customer's contract promises a first "
+    "answer within four hours for tickets marked urgent."
 )
 _NUMERICS_QUESTIONS = (
     ("Who owns it?", ["data", "billing"]),
@@ -58,6 +61,20 @@ _NUMERICS_QUESTIONS = (
             "answer the customer about the invoices",
             "page the data platform team",
             "wait for tonight's run",
+        ],
+    ),
+    (  # long enough that two suffixes 64 tokens apart can share a call (flash attention's pieces)
+        "Taking into account the three failed nightly exports, the smaller memory of the new worker pool, "
+        "the fourteen million rows read before each timeout, the slow dashboards of two other customers on "
+        "the same pool and the four-hour answer the contract promises, what should the reply to the "
+        "customer say first?",
+        [
+            "that the export is being moved back to the pool it ran on before, and will run tonight",
+            "that the invoices of this month are computed from another system and are not affected",
+            "that the team is still investigating, with the next update promised within four hours",
+            "that the export will be split into smaller batches so that each finishes before the timeout",
+            "that the customer should run the export by hand from the dashboard until it is fixed",
+            "that nothing can be promised for tonight until the data platform team has looked at it",
         ],
     ),
 )

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from semif_adapter.engine.branches import TAIL_COPY_TOKENS, Branches, Decoded, Readout
-from semif_adapter.engine.calls import group_calls, padded_lengths, run_pieces
+from semif_adapter.engine.calls import floored, group_calls, padded_lengths, run_pieces
 from semif_adapter.engine.chunking import Cuts
 from semif_adapter.engine.deadline import Deadline, Joint
 from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime, Part
@@ -239,7 +239,7 @@ class SharedCalls:
             if not pending:
                 return
             spans = [run_pieces(len(r.tokens), sources[r.job].at, limit, min_piece) for r in pending]
-            lasts = [b - a for a, b in (s[-1] for s in spans)]
+            lasts = floored([b - a for a, b in (s[-1] for s in spans)], runtime.min_rows)
             call = group_calls(lasts, limit, min_piece, width, pad_limit)[0]
             members = [pending[i] for i in call]
             widths = padded_lengths([lasts[i] for i in call], pad_limit)

@@ -2,11 +2,12 @@
 
 The planner (``calls``) is checked against llama.cpp's own split rule; the probe on the real models and
 the random hybrid and recurrent fixtures (which mode each gets is printed with ``-s`` and asserted to
-follow from what the probe measured); a configuration that is not invariant (flash attention on the CPU)
-must fall back to the fixed split, or refuse to start when invariance is demanded. Then the answers:
-a request of more decisions than one call holds, with suffix lengths close enough that they cannot all
-share a call, gives every decision exactly what it gives alone, in any order, cache on or off; and the
-fixed split keeps its own guarantees.
+follow from what the probe measured), and the real models with flash attention on (every piece padded
+to its 64-row tile); a configuration that is not invariant (flash attention without that padding) must
+fall back to the fixed split, or refuse to start when invariance is demanded. Then the answers, on the
+same engines: a request of more decisions than one call holds, with suffix lengths close enough that
+they cannot all share a call, gives every decision exactly what it gives alone, in any order, cache on
+or off; and the fixed split keeps its own guarantees.
 """
 
 from __future__ import annotations
@@ -19,8 +20,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from semif_adapter.engine import DecisionEngine
-from semif_adapter.engine.calls import equal_split, group_calls, padded_lengths, pieces, shares_safely
+from semif_adapter.engine import DecisionEngine, llama_backend
+from semif_adapter.engine.calls import (
+    equal_split,
+    floored,
+    group_calls,
+    padded_lengths,
+    pieces,
+    shares_safely,
+)
+from semif_adapter.engine.llama_backend import FLASH_TILE_ROWS, Part
 from semif_adapter.engine.numerics import FIXED_SPLIT, INVARIANT, PADDED, _judged
 from semif_adapter.errors import ModelLoadError
 from tests.helpers.support import engine_settings
@@ -130,6 +139,23 @@ def test_padded_calls_are_safe_and_pad_each_part_by_at_most_the_limit(
         assert len(calls) == -(-len(lengths) // width)
 
 
+def test_floored_parts_share_calls_without_a_short_piece():
+    """Flash attention: parts are planned at 64 rows or more, so llama.cpp's split of any call the planner
+    makes gives every sequence at least 64 rows (its tiled path)."""
+    assert floored([20, 64, 90], 64) == [64, 64, 90] and floored([20, 90], 0) == [20, 90]
+    lengths = floored([20, 38, 41, 70, 150, 300], 64)
+    for call in group_calls(lengths, 512, 64, 4, 128):
+        widths = padded_lengths([lengths[i] for i in call], 128)
+        assert min(n for batch in equal_split(widths, 512) for n in batch if n) >= 64
+
+
+def test_padding_a_padded_part_keeps_where_its_real_tokens_end():
+    part = Part([5, 6, 7], 10, 1).padded(5)
+    twice = part.padded(64)
+    assert (part.filler, part.end) == (2, 13)
+    assert (len(twice.tokens), twice.filler, twice.end) == (64, 61, 13)
+
+
 def test_a_padding_check_that_moved_keeps_the_mode_but_not_the_padding():
     checks = {"suffixes in one call": 0.0, "padded suffixes in one call": 0.25}
     verdict = _judged(checks, 8, True)
@@ -149,7 +175,8 @@ def test_pieces_cover_the_run(a: int, b: int, min_piece: int):
 
 
 # --- the probe ---------------------------------------------------------------------------------------------
-def test_the_mode_follows_from_what_the_probe_measured(engine: DecisionEngine):
+def test_the_mode_follows_from_what_the_probe_measured(numerics_engine: DecisionEngine):
+    engine = numerics_engine
     verdict, info = engine.verdict, engine.model_info
     print(f"\n{info.architecture}: {info.numerics} ({info.numerics_reason})")
     assert info.numerics == verdict.mode and info.numerics_reason == verdict.reason
@@ -167,15 +194,25 @@ def test_the_mode_follows_from_what_the_probe_measured(engine: DecisionEngine):
         assert info.numerics_pad_limit == engine.prefill.pad_limit == 0
 
 
-@pytest.mark.parametrize("name", ["gemma", "qwen"])
+@pytest.mark.parametrize("name", ["gemma", "qwen", "gemma_flash", "qwen_flash"])
 def test_the_real_models_run_invariant_on_this_cpu(request: pytest.FixtureRequest, name: str):
     engine = request.getfixturevalue(f"{name}_engine")
     assert engine.model_info.numerics == INVARIANT, engine.model_info.numerics_reason
     assert engine.model_info.numerics_pad_limit == 2 * engine.min_piece, engine.model_info.numerics_reason
+    if engine.settings.flash_attention:  # every piece padded to the tiled kernel's rows
+        assert engine.runtime.min_rows == FLASH_TILE_ROWS == engine.min_piece
+        assert engine.scoring.numerics.startswith(f"invariant.p{FLASH_TILE_ROWS}.fa-on.")
+    else:
+        assert engine.runtime.min_rows == 0 and ".fa-off." in engine.scoring.numerics
 
 
-def test_a_configuration_that_is_not_invariant_falls_back_on_gemma(gemma_gguf: Path):
-    """Flash attention's CPU tiles follow the batch: the probe must see it and keep the fixed split."""
+def test_a_configuration_that_is_not_invariant_falls_back_on_gemma(
+    gemma_gguf: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Flash attention without its padding: a sequence that brings fewer than 64 rows to a call takes
+    the CPU kernel's per-row path, so its numbers follow the call. The probe must see it and keep the
+    fixed split, or refuse to start when invariance is demanded."""
+    monkeypatch.setattr(llama_backend, "FLASH_TILE_ROWS", 0)  # the runtime pads no piece
     settings = engine_settings(n_ctx=1024, flash_attention=True, numerics_probe_cache=False)
     engine = DecisionEngine.load(settings, gemma_gguf)
     try:
@@ -213,7 +250,8 @@ def _answers(engine: DecisionEngine, batch: list[dict], *, cold: bool = True) ->
     return {r.id: (r.probabilities, r.option_logits) for r in engine.score(batch).results}
 
 
-def test_every_decision_of_a_large_request_answers_as_alone(engine: DecisionEngine):
+def test_every_decision_of_a_large_request_answers_as_alone(numerics_engine: DecisionEngine):
+    engine = numerics_engine
     batch = decisions()
     alone = {d["id"]: _answers(engine, [d])[d["id"]] for d in batch}
     assert _answers(engine, batch) == alone
@@ -225,40 +263,59 @@ def test_every_decision_of_a_large_request_answers_as_alone(engine: DecisionEngi
     assert _answers(engine, list(reversed(batch)), cold=False) == alone  # the kept prefix
 
 
-def test_padding_merges_calls_and_moves_no_answer(engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch):
+def test_padding_merges_calls_and_moves_no_answer(
+    numerics_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
+):
     """Suffixes a few tokens apart: padded, they share micro-batches (fewer passes over the weights,
     filler in the calls); every answer is the same bit for bit as with padding off, and as each decision
-    alone. Where the probe did not prove padding, no call carries filler."""
+    alone. Where the probe did not prove padding, no call carries filler; with flash attention, padding
+    off still brings every part to the tiled kernel's rows, and no further."""
+    engine = numerics_engine
+    floor = engine.runtime.min_rows
     batch = decisions()
     alone = {d["id"]: _answers(engine, [d])[d["id"]] for d in batch}
-    calls: list[list[int]] = []  # per call, each part's filler
+    calls: list[list[tuple[int, int]]] = []  # per call, each part's rows and filler
     passes: list[int] = []  # per call, the micro-batches llama.cpp splits it into
     real = engine.runtime.decode_parts
 
     def logged(parts, cancel=None):  # type: ignore[no-untyped-def]
-        calls.append([p.filler for p in parts])
+        calls.append([(len(p.tokens), p.filler) for p in parts])
         passes.append(len(equal_split([len(p.tokens) for p in parts], engine.runtime.n_batch)))
         return real(parts, cancel)
+
+    def past_floor(logged_calls: list[list[tuple[int, int]]]) -> bool:
+        """Whether any part carries filler beyond what brings it to the floor."""
+        return any(f > 0 and n > floor for call in logged_calls for n, f in call)
 
     monkeypatch.setattr(engine.runtime, "decode_parts", logged)
     padded = _answers(engine, batch)
     padded_calls, padded_passes = calls[:], sum(passes)
     calls[:], passes[:] = [], []
+    if floor:  # flash attention: no sequence ever brings fewer rows to a call
+        assert min(n for call in padded_calls for n, _ in call) >= floor
     if not engine.prefill.pad_limit:
         print(f"\n{engine.model_info.architecture}: no padding ({engine.model_info.numerics_reason})")
-        assert padded == alone and not any(f > 0 for call in padded_calls for f in call)
+        assert padded == alone and not past_floor(padded_calls)
         return
     monkeypatch.setattr(engine.prefill, "pad_limit", 0)
     unpadded = _answers(engine, batch)
     assert padded == unpadded == alone
-    assert any(f > 0 for call in padded_calls for f in call)
-    assert not any(f > 0 for call in calls for f in call)
-    assert padded_passes < sum(passes), (padded_calls, calls)
+    assert not past_floor(calls)
+    if floor:
+        assert min(n for call in calls for n, _ in call) >= floor
+        assert padded_passes <= sum(passes), (padded_calls, calls)
+    else:
+        assert past_floor(padded_calls)
+        assert padded_passes < sum(passes), (padded_calls, calls)
 
 
-def test_cache_off_equals_cache_on_with_a_grown_state(engine: DecisionEngine):
+def test_cache_off_equals_cache_on_with_a_grown_state(numerics_engine: DecisionEngine):
+    engine = numerics_engine
     events = [{"t": i, "event": f"tool call {i} returned {i * 7} rows"} for i in range(12)]
-    off = DecisionEngine.load(engine_settings(prefix_cache_tokens=0), Path(engine.gguf_path))
+    flash = engine.settings.flash_attention
+    off = DecisionEngine.load(
+        engine_settings(prefix_cache_tokens=0, flash_attention=flash), Path(engine.gguf_path)
+    )
     try:
         for turn in (8, 9, 12):
             batch = decisions(events[:turn])[:3]

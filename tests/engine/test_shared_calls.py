@@ -100,7 +100,10 @@ class CallLog:
         monkeypatch.setattr(runtime, "decode_parts", logged)
 
 
-def test_requests_decoded_together_answer_as_alone(engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch):
+def test_requests_decoded_together_answer_as_alone(
+    numerics_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
+):
+    engine = numerics_engine
     requests = [request(k) for k in range(5)]
     expected = alone(engine, requests)
     if engine.invariant:
@@ -116,12 +119,15 @@ def test_requests_decoded_together_answer_as_alone(engine: DecisionEngine, monke
     assert merged(together(engine, requests[:4])) == {k: v for k, v in expected.items() if k[:2] != "r4"}
     if engine.invariant:  # the calls really were shared across requests
         assert max(log.sequences) >= 3
-    if engine.invariant and engine.runtime.n_swa == 0:  # and so were their prefills
+    # and so were their prefills; with flash attention's 64-row pieces these prefills do not fit one call
+    # (a 473-token stretch beside a 97-token one: more than n_batch, too far apart to pad)
+    if engine.invariant and engine.runtime.n_swa == 0 and not engine.runtime.min_rows:
         assert log.shared_prefills >= 1
 
 
-def test_a_request_beside_others_of_any_length_answers_as_alone(engine: DecisionEngine):
+def test_a_request_beside_others_of_any_length_answers_as_alone(numerics_engine: DecisionEngine):
     """The same short request next to requests whose prefixes are shorter, much longer, or the same."""
+    engine = numerics_engine
     short = request(0)
     expected = alone(engine, [short])
     for others in ([request(1)], [request(3), request(2)], [request(0, state=STATES[0]), request(4)]):
@@ -139,15 +145,21 @@ def test_requests_about_one_state_share_its_prefill(engine: DecisionEngine):
     assert two.timing.prefix_reused_tokens == two.timing.prefix_tokens  # decoded once, for the first
 
 
-def test_interleaved_agents_batched_turn_by_turn_with_evictions(engine: DecisionEngine):
+def test_interleaved_agents_batched_turn_by_turn_with_evictions(numerics_engine: DecisionEngine):
     """Four agents, each its own growing transcript, their turns decoded together, with a prefix cache
     small enough to evict; every turn answers as it does alone on a cold engine without a cache."""
+    engine = numerics_engine
     events = [
         [{"t": t, "agent": a, "event": f"agent {a} step {t}: {a * 11 + t} rows"} for t in range(6)]
         for a in range(4)
     ]
-    small = DecisionEngine.load(engine_settings(prefix_cache_tokens=600), Path(engine.gguf_path))
-    off = DecisionEngine.load(engine_settings(prefix_cache_tokens=0), Path(engine.gguf_path))
+    flash = engine.settings.flash_attention
+    small = DecisionEngine.load(
+        engine_settings(prefix_cache_tokens=600, flash_attention=flash), Path(engine.gguf_path)
+    )
+    off = DecisionEngine.load(
+        engine_settings(prefix_cache_tokens=0, flash_attention=flash), Path(engine.gguf_path)
+    )
     try:
         for turn in (2, 3, 5, 6):
             turns = [request(a + 1, state=events[a][:turn])[:2] for a in range(4)]
@@ -158,8 +170,9 @@ def test_interleaved_agents_batched_turn_by_turn_with_evictions(engine: Decision
 
 
 def test_one_requests_error_or_abort_leaves_the_others_answers(
-    engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
+    numerics_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
 ):
+    engine = numerics_engine
     good = [request(1), request(2), request(3)]
     expected = alone(engine, good)
     bad = [{**request(4)[0], "options": []}]  # refused at validation

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_N_CTX = 4096
 ENGINES = ("gemma", "qwen", "hybrid", "mamba")
+#: The real models with flash attention on (invariant numerics with pieces padded to its tiled rows):
+#: the numerics tests run on these too.
+FLASH_ENGINES = ("gemma_flash", "qwen_flash")
 
 
 def engines_under_test(default: Sequence[str] = ENGINES) -> list[str]:
@@ -42,6 +45,12 @@ def engines_under_test(default: Sequence[str] = ENGINES) -> list[str]:
     ``SEMIF_TEST_ENGINES`` (the GPU check runs them on the random ones: hybrid, mamba, dense)."""
     chosen = os.environ.get("SEMIF_TEST_ENGINES", "").strip()
     return [name.strip() for name in chosen.split(",") if name.strip()] if chosen else list(default)
+
+
+def numerics_engines() -> list[str]:
+    """The engines the bit-identity tests run on: :func:`engines_under_test` and, by default, the real
+    models with flash attention on."""
+    return engines_under_test((*ENGINES, *FLASH_ENGINES))
 
 
 #: An agent loop's answers: (agent, turn, decision id) -> (probabilities, option logits).
