@@ -14,9 +14,9 @@ It times bare ``llama_decode`` over the same tokens in five call shapes: a cold 
 calls; after that prompt, 64-token calls (an agent's event with a decision's suffix) and 40-token calls
 (a lone suffix); a prefix in 128-token calls; short 32-token calls. With flash attention on, the runtime
 pads every piece to 64 rows (``LlamaRuntime.min_rows``), so the 40- and 32-token calls show what that
-padding costs against unpadded calls without flash attention. The contexts alternate, so drift on a shared machine hits all alike; the best of the
-repeats counts. Then the probe runs on the served shape with each setting (its verdict cache bypassed)
-and its checks are reported.
+padding costs against unpadded calls without flash attention. The contexts alternate, so drift on a
+shared machine hits all alike; the best of the repeats counts. Then the probe runs on the served shape
+with each setting (its verdict cache bypassed) and its checks are reported.
 
     python -m benchmarks.attention_configs [--models qwen gemma] [--repeats 3] [--json F]
 """
