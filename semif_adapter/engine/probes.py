@@ -136,6 +136,13 @@ def numerics_verdict(
     verdict = cache.get(key)
     if verdict is None:
         prefix, suffixes = _numerics_prompt(planner)
+        # every branch holds the prefix and its suffix; padding checks add up to a tile of filler
+        needed = len(prefix) + max(len(s) for s in suffixes) + _PROBE_FILLER
+        if needed > runtime.n_ctx:
+            prefill.reset(wipe=True)
+            return Verdict(
+                FIXED_SPLIT, f"the probe needs a context of {needed} tokens; this one holds {runtime.n_ctx}"
+            )
         started = time.perf_counter()
         verdict = probe(runtime, prefix, suffixes)
         log.info(
@@ -146,6 +153,10 @@ def numerics_verdict(
     return verdict
 
 
+#: Room the probe's padding checks need past the longest branch (a flash-attention tile of filler).
+_PROBE_FILLER = 64
+
+
 def _numerics_prompt(planner: Planner) -> tuple[list[int], list[list[int]]]:
     """The probe's prefix and suffixes: real decisions of several lengths (the longest over 64 tokens,
     so that every piece candidate can be tried)."""
@@ -153,5 +164,6 @@ def _numerics_prompt(planner: Planner) -> tuple[list[int], list[list[int]]]:
         Decision(id=f"p{i}", state=_NUMERICS_STATE, question=q, options=[{"id": o} for o in options])
         for i, (q, options) in enumerate(_NUMERICS_QUESTIONS)
     ]
-    prefix_tokens, planned, _ = planner.plan(decisions)
+    # the probe is not a caller's request: the request limits (SEMIF_MAX_REQUEST_TOKENS) do not apply
+    prefix_tokens, planned, _ = planner.plan(decisions, budget=False)
     return prefix_tokens, [p.suffix_tokens for p in planned]

@@ -229,6 +229,25 @@ def test_a_configuration_that_is_not_invariant_falls_back_on_gemma(
         DecisionEngine.load(demanded, gemma_gguf)
 
 
+def test_the_probe_ignores_request_limits_and_a_context_too_small_keeps_the_fixed_split(gemma_gguf: Path):
+    """The probe is no caller's request: a tight SEMIF_MAX_REQUEST_TOKENS does not stop it. A context
+    that cannot hold its prompt cannot prove anything: the fixed split, and the reason says why."""
+    tight = DecisionEngine.load(
+        engine_settings(n_ctx=512, max_request_tokens=300, numerics_probe_cache=False), gemma_gguf
+    )
+    try:
+        assert tight.model_info.numerics != FIXED_SPLIT, tight.model_info.numerics_reason
+    finally:
+        tight.close()
+    small = DecisionEngine.load(engine_settings(n_ctx=256, numerics_probe_cache=False), gemma_gguf)
+    try:
+        assert small.model_info.numerics == FIXED_SPLIT
+        assert "context" in small.model_info.numerics_reason and "256" in small.model_info.numerics_reason
+        assert small.score(decisions()[:1]).results[0].probabilities  # and it serves
+    finally:
+        small.close()
+
+
 def test_the_verdict_is_kept_per_library_and_model_gemma(gemma_gguf: Path, tmp_path: Path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     first = DecisionEngine.load(engine_settings(n_ctx=1024), gemma_gguf)
