@@ -62,6 +62,7 @@ models: install-test
 
 lint: install-test
 	$(PY) -m ruff check semif_adapter semif_client semif_ops scripts tests benchmarks
+	$(PY) -m ruff format --check semif_adapter semif_client semif_ops scripts tests benchmarks
 	$(PY) -m mypy
 	$(PY) -m semif_ops image check --hadolint
 

@@ -148,12 +148,17 @@ def split_part(plan: Callable[[Sequence[dict[str, Any]]], object]) -> str:
 
 
 def numerics_part(mode: str, *, min_piece: int, n_batch: int, attention: str, extra_buffers: bool) -> str:
-    """``invariant.p<min piece>`` or ``fixed-split.b<call size>.xb-<on|off>`` (the split then decides
-    the numbers, and so does whether the weights sit in llama.cpp's extra buffer types: repacked weights
-    take other kernels, whose sums differ in the last bits — the choice follows ``SEMIF_CPU_EXTRA_BUFFERS``
-    and the CPU's AMX flag, neither of which the ``llama_cpp`` part sees), the flash-attention setting
-    (``fa-on``, ``fa-off``, ``fa-auto``: llama.cpp decides), and the decode/readout revision. Invariant
-    numerics never use extra buffers (``kernels.extra_buffers``), so their part does not name them."""
+    """``invariant.p<min piece>.<attention>.<revision>`` or
+    ``fixed-split.b<call size>.<attention>.xb-<on|off>.<revision>``.
+
+    In invariant numerics the minimum piece and the attention path decide the numbers (with flash
+    attention every piece is padded to a 64-row tile: ``p64.fa-on``); extra buffers are never used
+    there (``kernels.extra_buffers``), so the part does not name them. In the fixed split the call size
+    decides them too, and so does whether the weights sit in llama.cpp's extra buffer types: repacked
+    weights take other kernels, whose sums differ in the last bits, and the choice follows
+    ``SEMIF_CPU_EXTRA_BUFFERS`` and the CPU's AMX flag, neither of which the ``llama_cpp`` part sees.
+    ``<attention>`` is ``fa-on``, ``fa-off`` or ``fa-auto`` (llama.cpp decides); ``<revision>`` is the
+    decode/readout revision."""
     if mode == "invariant":
         return f"invariant.p{min_piece}.{attention}.{NUMERICS_REVISION}"
     buffers = "xb-on" if extra_buffers else "xb-off"

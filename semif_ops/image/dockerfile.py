@@ -223,8 +223,10 @@ def command_problems(script: str, where: str) -> list[str]:
         ):
             continue
         hint = " (not in the Amazon Linux 2023 base: use Python or a shell builtin)"
-        problems.append(f"{where}: calls '{name}'{hint if name in dlc_base.ABSENT else ''}, which the "
-                        "DLC's base does not have")
+        problems.append(
+            f"{where}: calls '{name}'{hint if name in dlc_base.ABSENT else ''}, which the "
+            "DLC's base does not have"
+        )
     return list(dict.fromkeys(problems))
 
 

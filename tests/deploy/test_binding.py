@@ -238,7 +238,6 @@ def test_the_binding_commit_table_matches_the_sdists_changelog() -> None:
         assert vendored_commit((sdist(version) / "CHANGELOG.md").read_text()) == commit
 
 
-
 @pytest.mark.parametrize("helper", ["ctypes_function_for_shared_library", "load_shared_library"])
 def test_a_binding_without_the_wrapped_helpers_is_refused(tmp_path: Path, helper: str) -> None:
     package = tmp_path / "llama_cpp"

@@ -281,5 +281,5 @@ def test_every_docker_helper_uses_only_what_the_base_has() -> None:
     assert len(scripts) >= 4
     assert [str(f) for s in scripts for f in _dockerfile.check_script(s)] == []
     bad = REPO_ROOT / "docker" / "check-base.sh"
-    text = bad.read_text() + '\nfound=$(find / -name libllama.so | head -n 1)\n'
+    text = bad.read_text() + "\nfound=$(find / -name libllama.so | head -n 1)\n"
     assert "calls 'find'" in _dockerfile.command_problems(text, "check-base.sh")[0]

@@ -248,9 +248,7 @@ def _resolves_in(root: Path, link: Path) -> bool:
 def build_rootfs(source: AptSource, suite: str, cache: Path) -> Path:
     """A minimal Debian root filesystem stripped to the DLC base's commands, as a plain tar (cached)."""
     arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout
-    key = short_key(
-        source.uri, suite, arch.strip(), ROOTFS_PACKAGES, sorted(dlc_base.COMMANDS), SERVE_SCRIPT
-    )
+    key = short_key(source.uri, suite, arch.strip(), ROOTFS_PACKAGES, sorted(dlc_base.COMMANDS), SERVE_SCRIPT)
     tar_path = cache / "rootfs" / f"{suite}-{key}.tar"
     if tar_path.is_file():
         return tar_path

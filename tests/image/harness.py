@@ -187,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         tree, commit = dlc_standin.headers(CURRENT_BINDING)
         broken = build_context(
-            work / "context-broken", bases[CURRENT_BINDING], broken_headers(tree, work / "broken-headers"),
+            work / "context-broken",
+            bases[CURRENT_BINDING],
+            broken_headers(tree, work / "broken-headers"),
             commit,
         )
 

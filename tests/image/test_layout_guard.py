@@ -89,8 +89,17 @@ def _host_answers(under_test: ImageUnderTest, tmp_path: Path) -> dict[str, list[
         env["PYTHONPATH"] = str(sdist(under_test.binding))  # its llama_cpp package, pure Python
         record = tmp_path / "llama-abi.json"
         headers = sdist(under_test.binding) / "vendor" / "llama.cpp"
-        verify = [sys.executable, str(ROOT / "semif_ops" / "image" / "abi.py"), "verify", "--lib-dir", libs,
-                  "--headers", str(headers), "--record", str(record)]
+        verify = [
+            sys.executable,
+            str(ROOT / "semif_ops" / "image" / "abi.py"),
+            "verify",
+            "--lib-dir",
+            libs,
+            "--headers",
+            str(headers),
+            "--record",
+            str(record),
+        ]
         subprocess.run(verify, env=env, check=True, capture_output=True, text=True)  # fmt: skip
         env["SEMIF_LLAMA_ABI_RECORD"] = str(record)
     answers = {}
