@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from semif_adapter.engine.branches import Branches
+from semif_adapter.engine.calls import PIECE_CANDIDATES
 from semif_adapter.engine.numerics import FIXED_SPLIT, Verdict, VerdictCache, probe
 from semif_adapter.engine.planner import Planner
 from semif_adapter.engine.prefill import Prefill
@@ -136,25 +137,26 @@ def numerics_verdict(
     verdict = cache.get(key)
     if verdict is None:
         prefix, suffixes = _numerics_prompt(planner)
-        # every branch holds the prefix and its suffix; padding checks add up to a tile of filler
-        needed = len(prefix) + max(len(s) for s in suffixes) + _PROBE_FILLER
-        if needed > runtime.n_ctx:
-            prefill.reset(wipe=True)
-            return Verdict(
+        # every branch holds the prefix and one suffix; the padding checks add filler of up to the
+        # largest piece the probe may prove, plus one token
+        filler = max(PIECE_CANDIDATES[-1], runtime.min_rows) + 1
+        needed = len(prefix) + max(len(s) for s in suffixes) + filler
+        if needed > runtime.n_ctx:  # nothing proven, nothing kept: a larger context may prove it
+            verdict = Verdict(
                 FIXED_SPLIT, f"the probe needs a context of {needed} tokens; this one holds {runtime.n_ctx}"
             )
-        started = time.perf_counter()
-        verdict = probe(runtime, prefix, suffixes)
-        log.info(
-            "numerics probe: %s in %.2f s (%s)", verdict.mode, time.perf_counter() - started, verdict.reason
-        )
-        cache.put(key, verdict)
+        else:
+            started = time.perf_counter()
+            verdict = probe(runtime, prefix, suffixes)
+            log.info(
+                "numerics probe: %s in %.2f s (%s)",
+                verdict.mode,
+                time.perf_counter() - started,
+                verdict.reason,
+            )
+            cache.put(key, verdict)
     prefill.reset(wipe=True)
     return verdict
-
-
-#: Room the probe's padding checks need past the longest branch (a flash-attention tile of filler).
-_PROBE_FILLER = 64
 
 
 def _numerics_prompt(planner: Planner) -> tuple[list[int], list[list[int]]]:
