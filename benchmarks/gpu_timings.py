@@ -282,6 +282,8 @@ def main() -> int:
             "block_tokens": engine.block_tokens,
             "threads": args.threads,
             "fork_mode": info.fork_mode,
+            "numerics": info.numerics,
+            "numerics_reason": info.numerics_reason,
         },
         "machine": platform.machine(),
         "load_s": load_s,

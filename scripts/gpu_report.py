@@ -79,6 +79,35 @@ def invariance_table(outcomes: list[dict[str, str]]) -> list[dict[str, Any]]:
     return table
 
 
+def probe_verdicts(path: Path) -> list[dict[str, str]]:
+    """The numerics mode the probe chose per model in the check phase, and why: test_numerics prints one
+    line per model, ``<architecture>: <mode> (<reason>)``, and scripts/gpu_check.sh keeps them in
+    numerics.txt."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        match = re.match(r"(?P<arch>[a-z0-9_]+): (?P<mode>[a-z-]+) \((?P<reason>.*)\)$", line.strip())
+        if match:
+            rows.append({"architecture": match["arch"], "mode": match["mode"], "reason": match["reason"]})
+    return rows
+
+
+def _import_order(facts: dict[str, Any], what: str) -> list[str]:
+    """Whether the engine loaded as the server loads it (llama_cpp through semif-adapter's loader), and
+    whether ``what`` then ran with llama_cpp imported first instead (scripts/gpu_check.sh says why)."""
+    if "server_order_exit" not in facts:
+        return []
+    code = facts["server_order_exit"]
+    loaded = "loaded" if code < 128 else f"DIED (exit {code}, signal {code - 128})"
+    first = facts.get("llama_cpp_first") in (True, "true")
+    return [
+        f"Engine load in the server's import order: {loaded}. "
+        + (f"{what} ran with llama_cpp imported first." if first else f"{what} ran in that order."),
+        "",
+    ]
+
+
 def _fmt(value: Any, digits: int = 3) -> str:
     if value is None:
         return "—"
@@ -103,11 +132,17 @@ def markdown(report: dict[str, Any]) -> str:
         f"{c.get('exit_code')})",
         "",
     ]
+    lines += _import_order(c, "The engine tests")
     table = report.get("invariances") or []
     models = [k for k in (table[0] if table else {}) if k != "invariance"]
     lines += ["| invariance | " + " | ".join(models) + " |", "|---|" + "---|" * len(models)]
     lines += ["| " + " | ".join([row["invariance"], *(row[k] for k in models)]) + " |" for row in table]
     failed = [o for o in report.get("tests") or [] if o["outcome"] != "passed"]
+    verdicts = report.get("numerics") or []
+    lines += ["", "Numerics the probe chose at load (`SEMIF_NUMERICS=auto`), per model, and why:", ""]
+    lines += [f"- {v['architecture']}: **{v['mode']}** ({v['reason']})" for v in verdicts] or [
+        "- none recorded (test_numerics did not run or printed no verdict)"
+    ]
     lines += ["", f"{len(report.get('tests') or [])} test cases, {len(failed)} not passed."]
     for o in failed:
         lines.append(f"- {o['test']}[{o['model']}]: {o['outcome']}: {o['message']}")
@@ -119,9 +154,11 @@ def markdown(report: dict[str, Any]) -> str:
             f"generated {model.get('generate_s')} s, quantized {model.get('quantize_s')} s)",
             "",
             f"Engine: n_gpu_layers {eng.get('n_gpu_layers')}, offload {eng.get('gpu_offload')}, n_batch "
-            f"{eng.get('n_batch')}, prefix blocks {eng.get('block_tokens')}, fork {eng.get('fork_mode')}; "
+            f"{eng.get('n_batch')}, prefix blocks {eng.get('block_tokens')}, fork {eng.get('fork_mode')}, "
+            f"numerics {eng.get('numerics')} ({eng.get('numerics_reason')}); "
             f"load {_fmt(t.get('load_s'), 1)} s.",
             "",
+            *_import_order(report.get("bench") or {}, "The timings"),
             "| cold decisions (devset-shaped) | n | p50 s | p95 s | mean s | tokens p50 |",
             "|---|---|---|---|---|---|",
             f"| this run | {cold.get('n')} | {_fmt(cold.get('p50_s'))} | {_fmt(cold.get('p95_s'))} | "
@@ -194,10 +231,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     tests = test_outcomes(args.out / "determinism.xml")
-    report = {name: _load(args.work / f"{name}.json") for name in ("machine", "build", "check", "model")}
+    names = ("machine", "build", "check", "model", "bench")
+    report = {name: _load(args.work / f"{name}.json") for name in names}
     report["timings"] = _load(args.out / "timings.json")
     report["tests"] = tests
     report["invariances"] = invariance_table(tests)
+    report["numerics"] = probe_verdicts(args.out / "numerics.txt")
     (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(report)
     (args.out / "report.md").write_text(text)

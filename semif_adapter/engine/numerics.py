@@ -9,10 +9,10 @@ gets a short piece of a micro-batch) and one shape it may use where the probe al
 of nearly one length padded with filler to one length). Flash attention is off by default; on
 (``SEMIF_FLASH_ATTENTION``), its CPU kernel is tiled for pieces of 64 rows or more and per-row below, so
 the runtime pads every piece to 64 rows (``LlamaRuntime.min_rows``) and ``min_piece`` becomes 64.
-Nothing promises this for another backend (CUDA picks kernels by batch size), another CPU build (ARM
-i8mm) or another model (a recurrent layer that computes in token chunks), so it is not assumed:
-:func:`probe` decodes one prompt several ways on the library and model actually loaded and compares the
-logits bit for bit.
+Nothing promises this for another CPU build (ARM i8mm) or another model (a recurrent layer that
+computes in token chunks), so it is not assumed: :func:`probe` decodes one prompt several ways on the
+library and model actually loaded and compares the logits bit for bit. A GPU backend is not probed at
+all: it keeps the fixed split (:data:`GPU_BACKEND_REASON`).
 
 * **invariant**: every way agreed. Decisions of a request share one call, a prefix tail is decoded
   with the suffix after it, and any token boundary is a valid place to reuse a saved state.
@@ -46,6 +46,15 @@ INVARIANT = "invariant"
 FIXED_SPLIT = "fixed-split"
 #: Bumped whenever the probe's cases change, so a cached verdict of an older probe is not reused.
 PROBE_VERSION = 7
+#: Why a GPU backend keeps the fixed split without a probe. Its matrix kernels are chosen by each call's
+#: total rows (on CUDA: mmvq for a few rows, mmq or cuBLAS above, each reducing in its own order), and a
+#: backend may take large calls even with no layer offloaded, so a probe of a few call shapes cannot
+#: stand for every call a server makes. Seen on an H200 (benchmarks/results/gpu-nvidia-h200.md): the
+#: probe agreed ten ways on a dense model, then a nine-decision request moved answers by 4e-5.
+GPU_BACKEND_REASON = (
+    "a GPU backend is loaded: its kernels are chosen by each call's total rows, which no probe of a few "
+    "call shapes covers"
+)
 
 
 @dataclass(frozen=True)

@@ -339,7 +339,7 @@ def test_a_prefix_state_is_saved_where_the_next_request_resumes(
         assert warm.timing.prefix_reused_tokens == last
 
 
-def test_a_long_cold_prompt_ends_its_calls_on_kv_cell_boundaries(
+def test_qwen_long_cold_prompt_ends_its_calls_on_kv_cell_boundaries(
     qwen_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Invariant numerics: a prompt longer than one call ends its calls on multiples of 256 positions

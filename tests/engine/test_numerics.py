@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from semif_adapter.engine import DecisionEngine, llama_backend
+from semif_adapter.engine import DecisionEngine, llama_backend, probes
 from semif_adapter.engine.calls import (
     equal_split,
     floored,
@@ -30,7 +30,7 @@ from semif_adapter.engine.calls import (
     shares_safely,
 )
 from semif_adapter.engine.llama_backend import FLASH_TILE_ROWS, Part
-from semif_adapter.engine.numerics import FIXED_SPLIT, INVARIANT, PADDED, _judged
+from semif_adapter.engine.numerics import FIXED_SPLIT, GPU_BACKEND_REASON, INVARIANT, PADDED, _judged
 from semif_adapter.errors import ModelLoadError
 from tests.helpers.support import engine_settings
 
@@ -229,7 +229,32 @@ def test_a_configuration_that_is_not_invariant_falls_back_on_gemma(
         DecisionEngine.load(demanded, gemma_gguf)
 
 
-def test_the_probe_ignores_request_limits_and_a_context_too_small_keeps_the_fixed_split(gemma_gguf: Path):
+def test_a_gpu_backend_keeps_the_fixed_split_unprobed_on_gemma(
+    gemma_gguf: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A registered GPU device (faked: this machine has none) keeps the fixed split without a probe: on
+    an H200 the probe agreed ten ways, then a nine-decision request moved answers. Invariance demanded
+    refuses to start and says why."""
+    import llama_cpp
+
+    probed: list[int] = []
+    monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)
+    monkeypatch.setattr(probes, "probe", lambda *args: probed.append(1))  # must not run
+    settings = engine_settings(n_ctx=1024, numerics_probe_cache=False)
+    engine = DecisionEngine.load(settings, gemma_gguf)
+    try:
+        assert engine.model_info.numerics == FIXED_SPLIT and not probed
+        assert engine.model_info.numerics_reason == GPU_BACKEND_REASON
+        assert not engine.runtime.invariant and engine.model_info.batch_sequences == 1
+        assert engine.score(decisions()[:2]).results[0].probabilities  # and it serves
+    finally:
+        engine.close()
+    demanded = engine_settings(n_ctx=1024, numerics="invariant", numerics_probe_cache=False)
+    with pytest.raises(ModelLoadError, match=r"SEMIF_NUMERICS=invariant.*GPU backend"):
+        DecisionEngine.load(demanded, gemma_gguf)
+
+
+def test_gemma_probe_ignores_request_limits_and_a_context_too_small_keeps_the_fixed_split(gemma_gguf: Path):
     """The probe is no caller's request: a tight SEMIF_MAX_REQUEST_TOKENS does not stop it. A context
     that cannot hold its prompt cannot prove anything: the fixed split, and the reason says why."""
     tight = DecisionEngine.load(

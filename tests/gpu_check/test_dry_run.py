@@ -72,11 +72,22 @@ def test_every_invariance_holds_on_the_dense_model(dry_run: dict) -> None:
     """On the CPU the dry run adds the dense (gemma3) model; the suite runs hybrid and mamba already."""
     report = dry_run["report"]
     assert report["check"]["exit_code"] == 0
+    # the engine loaded in the server's import order first, and the tests then ran in that order too
+    assert report["check"]["server_order_exit"] == 0 and report["check"]["llama_cpp_first"] is False
+    assert (
+        "Engine load in the server's import order: loaded. The engine tests ran in that order."
+        in (dry_run["out"] / "report.md").read_text()
+    )
     models = {t["model"] for t in report["tests"] if t["model"]}  # the rest load no model (cut rules)
     assert models == {"dense"}
     assert len(report["tests"]) >= 20
     for row in report["invariances"]:
         assert all(row[m] == "holds" for m in models), row
+    # the probe's verdict on the dense model is in the report: the mode the engine logged, and why
+    (verdict,) = report["numerics"]
+    assert verdict["architecture"] == "gemma3" and verdict["mode"] in ("invariant", "fixed-split")
+    assert verdict["reason"]
+    assert f"gemma3: **{verdict['mode']}**" in (dry_run["out"] / "report.md").read_text()
 
 
 def test_the_shaped_model_is_quantized_and_timed(dry_run: dict, gpu_check_work: Path) -> None:
@@ -89,6 +100,9 @@ def test_the_shaped_model_is_quantized_and_timed(dry_run: dict, gpu_check_work: 
     assert {t.tensor_type.name for t in reader.tensors} >= {"Q4_K", "Q6_K"}
     timings = report["timings"]
     assert timings["model"]["architecture"] == "qwen35"
+    assert report["bench"] == {"exit_code": 0, "server_order_exit": 0, "llama_cpp_first": False}
+    engine = timings["engine"]
+    assert engine["numerics"] in ("invariant", "fixed-split") and engine["numerics_reason"]
     cold = timings["cold_decisions"]
     assert cold["n"] == 12 and 0 < cold["p50_s"] <= cold["p95_s"] <= cold["max_s"]
     assert timings["sharing"]["speedup"] > 1
