@@ -12,10 +12,11 @@
 #        save/restore, raw prefill, deadline/disconnect overshoot);
 # report only the report, from what earlier phases left in $WORK and $OUT (after one ran out of time).
 #
-# Everything lands in $OUT (at most 8 files): gpu_check.log, build.log, determinism.xml, timings.json,
-# report.json, report.md and, on a GPU, gpu-<name>.md for benchmarks/results/. Work files (venv, source,
-# build, models) stay in $GPU_CHECK_WORK (default build/gpu-check), so a second call on a still-warm machine
-# skips what is done. Each phase is timed; a failing phase is reported and the next one still runs.
+# Everything lands in $OUT (at most 8 files): gpu_check.log, build.log, determinism.xml, numerics.txt,
+# timings.json, report.json, report.md and, on a GPU, gpu-<name>.md for benchmarks/results/. Work files
+# (venv, source, build, models) stay in $GPU_CHECK_WORK (default build/gpu-check), so a second call on a
+# still-warm machine skips what is done. Each phase is timed; a failing phase is reported and the next
+# one still runs.
 #
 # GPU_CHECK_CPU=1 is the CPU dry run the test suite runs (tests/gpu_check): no CUDA, a portable CPU build,
 # the small shaped model and short timings, so the script cannot rot between leases.
@@ -164,8 +165,33 @@ print(c[version('llama_cpp_python')])") || fail "no llama.cpp commit is known fo
 }
 
 # --- check: determinism and aborts on the tiny models ----------------------------------------------------
+dense_probe_test() { # one engine load of the dense model (the probe's test); extra pytest options in "$@",
+    # and the caller's "runner" array, if set, runs it (a debugger)
+    SEMIF_N_GPU_LAYERS=$layers SEMIF_TEST_ENGINES=dense SEMIF_TEST_TOKENIZER_GGUF=$BUNDLE/tokenizer.gguf \
+        SEMIF_ENGINE_NICE=0 ${runner[@]+"${runner[@]}"} "$PY" -m pytest -q -p no:randomly "$@" \
+        -o cache_dir="$WORK/pytest-cache" tests/engine/test_numerics.py -k "mode_follows and dense"
+}
+
+import_orders() { # after a load that died: which import order does it take? A JSON object of exit codes
+    local entry name rc json="{"
+    mkdir -p "$WORK/preload"
+    # the library alone first, before numpy's libraries (libstdc++, OpenBLAS), with no binding yet
+    echo 'import ctypes, os; ctypes.CDLL(os.path.join(os.environ["LLAMA_CPP_LIB_PATH"], "libllama.so"))' \
+        >"$WORK/preload/libllama_first.py"
+    for entry in "numpy-then-llama_cpp:-p numpy -p llama_cpp" "libllama-first:-p libllama_first" \
+        "llama_cpp-first:-p llama_cpp"; do
+        name=${entry%%:*}
+        # shellcheck disable=SC2086
+        PYTHONPATH=$WORK/preload:$PYTHONPATH dense_probe_test ${entry#*:} >"$WORK/order-$name.log" 2>&1
+        rc=$?
+        say "import order $name: exit $rc" >&2
+        json+="\"$name\": $rc, "
+    done
+    echo "${json%, }}"
+}
+
 check() {
-    local layers started rc engines plain preload=()
+    local layers started rc engines plain orders="{}" preload=()
     layers=$([[ "$MODE" == cuda ]] && echo -1 || echo 0)
     started=$SECONDS
     # First the engine loaded as the server loads it: semif_adapter imports llama_cpp through its tolerant
@@ -173,20 +199,18 @@ check() {
     # llama_model_load_from_file, at any n_gpu_layers, while the same load ran whenever llama_cpp had been
     # imported before anything else; the cause is not established. Say so, then run the tests with
     # llama_cpp imported first (-p llama_cpp) so the rest of the check still measures the numerics.
-    SEMIF_N_GPU_LAYERS=$layers SEMIF_TEST_ENGINES=dense SEMIF_TEST_TOKENIZER_GGUF=$BUNDLE/tokenizer.gguf \
-        SEMIF_ENGINE_NICE=0 "$PY" -m pytest -q -p no:randomly -o cache_dir="$WORK/pytest-cache" \
-        tests/engine/test_numerics.py -k "mode_follows and dense" >"$WORK/server-order.log" 2>&1
+    dense_probe_test >"$WORK/server-order.log" 2>&1
     plain=$?
     if ((plain >= 128)); then
         tail -30 "$WORK/server-order.log"
         say "error: the engine's load in the server's import order died (exit $plain): the tests below import llama_cpp first"
         preload=(-p llama_cpp)
+        orders=$(import_orders)
         if command -v cuda-gdb >/dev/null; then # its native stack, for the next fix (gdb itself is not there)
             say "the native stack of that load (cuda-gdb):"
-            SEMIF_N_GPU_LAYERS=$layers SEMIF_TEST_ENGINES=dense SEMIF_TEST_TOKENIZER_GGUF=$BUNDLE/tokenizer.gguf \
-                SEMIF_ENGINE_NICE=0 timeout 240 cuda-gdb -batch -ex run -ex bt --args "$PY" -m pytest -q \
-                -p no:randomly -p no:faulthandler -o cache_dir="$WORK/pytest-cache" tests/engine/test_numerics.py \
-                -k "mode_follows and dense" 2>&1 | grep -E '^#[0-9]+|signal SIG' | head -40
+            local runner=(timeout 240 cuda-gdb -batch -ex run -ex bt --args)
+            dense_probe_test -p no:faulthandler 2>&1 | grep -E '^#[0-9]+|signal SIG' | head -40
+            unset runner
         fi
     else
         say "the engine loads in the server's import order (exit $plain)"
@@ -207,7 +231,8 @@ check() {
     # which numerics the probe chose on this backend, and why (test_numerics prints one line per model)
     grep -E '^[a-z0-9_]+: (invariant|fixed-split) \(' "$WORK/check.log" >"$OUT/numerics.txt" || true
     record check seconds=$((SECONDS - started)) exit_code=$rc n_gpu_layers="$layers" \
-        server_order_exit=$plain llama_cpp_first=$([[ ${#preload[@]} -gt 0 ]] && echo true || echo false)
+        server_order_exit=$plain llama_cpp_first=$([[ ${#preload[@]} -gt 0 ]] && echo true || echo false) \
+        import_orders="$orders"
     say "engine tests exit code $rc in $((SECONDS - started)) s"
 }
 

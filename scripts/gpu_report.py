@@ -101,9 +101,12 @@ def _import_order(facts: dict[str, Any], what: str) -> list[str]:
     code = facts["server_order_exit"]
     loaded = "loaded" if code < 128 else f"DIED (exit {code}, signal {code - 128})"
     first = facts.get("llama_cpp_first") in (True, "true")
+    orders = facts.get("import_orders") or {}
+    tried = ", ".join(f"{name} exit {rc}" for name, rc in orders.items())
     return [
         f"Engine load in the server's import order: {loaded}. "
-        + (f"{what} ran with llama_cpp imported first." if first else f"{what} ran in that order."),
+        + (f"{what} ran with llama_cpp imported first." if first else f"{what} ran in that order.")
+        + (f" Other import orders tried: {tried}." if tried else ""),
         "",
     ]
 

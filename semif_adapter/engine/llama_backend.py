@@ -191,6 +191,15 @@ def _init_backend(llama_cpp: Any, verbose: bool) -> None:
         _initialised = True
 
 
+def gpu_device_present() -> bool:
+    """Whether the llama.cpp library registers a GPU device (CUDA, ...): layers may be offloaded to it, and
+    llama.cpp may send a large call there even with none offloaded. Loads the bindings and backends once,
+    as the first :class:`LlamaRuntime` would."""
+    llama_cpp = binding.load(REQUIRED_SYMBOLS)
+    _init_backend(llama_cpp, verbose=False)
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
 # What llama.cpp logs while one model loads (the weights' buffer types are only said there).
 _LOAD_LOG: list[str] | None = None
 _load_lock = threading.Lock()

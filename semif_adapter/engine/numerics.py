@@ -12,7 +12,7 @@ the runtime pads every piece to 64 rows (``LlamaRuntime.min_rows``) and ``min_pi
 Nothing promises this for another CPU build (ARM i8mm) or another model (a recurrent layer that
 computes in token chunks), so it is not assumed: :func:`probe` decodes one prompt several ways on the
 library and model actually loaded and compares the logits bit for bit. A GPU backend is not probed at
-all: it keeps the fixed split (:data:`GPU_BACKEND_REASON`).
+all: ``DecisionEngine.load`` keeps the fixed split there (:data:`GPU_BACKEND_REASON`).
 
 * **invariant**: every way agreed. Decisions of a request share one call, a prefix tail is decoded
   with the suffix after it, and any token boundary is a valid place to reuse a saved state.

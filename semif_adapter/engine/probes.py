@@ -17,7 +17,7 @@ import numpy as np
 
 from semif_adapter.engine.branches import Branches
 from semif_adapter.engine.calls import PIECE_CANDIDATES
-from semif_adapter.engine.numerics import FIXED_SPLIT, GPU_BACKEND_REASON, Verdict, VerdictCache, probe
+from semif_adapter.engine.numerics import FIXED_SPLIT, Verdict, VerdictCache, probe
 from semif_adapter.engine.planner import Planner
 from semif_adapter.engine.prefill import Prefill
 from semif_adapter.errors import EngineFailure, SemifError
@@ -123,8 +123,6 @@ def numerics_verdict(
         return Verdict(FIXED_SPLIT, "the context was created for the fixed split")
     if prefill.fork_mode != "copy":
         return Verdict(FIXED_SPLIT, "sequence copy does not reproduce this model's prefix state")
-    if runtime.gpu_offload:  # a GPU device is registered: layers or large calls may run on it
-        return Verdict(FIXED_SPLIT, GPU_BACKEND_REASON)
     cache = VerdictCache.default() if settings.numerics_probe_cache else VerdictCache(None)
     library = getattr(getattr(runtime.lib.llama_cpp, "_lib", None), "_name", None)
     config = {

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from semif_adapter.engine import DecisionEngine, llama_backend, probes
+from semif_adapter.engine import DecisionEngine, decision_engine, llama_backend, probes
 from semif_adapter.engine.calls import (
     equal_split,
     floored,
@@ -238,12 +238,21 @@ def test_a_gpu_backend_keeps_the_fixed_split_unprobed_on_gemma(
     import llama_cpp
 
     probed: list[int] = []
+    made: list[bool] = []  # the invariant flag of every runtime the load creates
+    real_runtime = decision_engine.LlamaRuntime
+
+    def runtime(*args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(kwargs["invariant"])
+        return real_runtime(*args, **kwargs)
+
     monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda: True)
     monkeypatch.setattr(probes, "probe", lambda *args: probed.append(1))  # must not run
+    monkeypatch.setattr(decision_engine, "LlamaRuntime", runtime)
     settings = engine_settings(n_ctx=1024, numerics_probe_cache=False)
     engine = DecisionEngine.load(settings, gemma_gguf)
     try:
         assert engine.model_info.numerics == FIXED_SPLIT and not probed
+        assert made == [False]  # one load, never an invariant context only to throw it away
         assert engine.model_info.numerics_reason == GPU_BACKEND_REASON
         assert not engine.runtime.invariant and engine.model_info.batch_sequences == 1
         assert engine.score(decisions()[:2]).results[0].probabilities  # and it serves
@@ -252,6 +261,7 @@ def test_a_gpu_backend_keeps_the_fixed_split_unprobed_on_gemma(
     demanded = engine_settings(n_ctx=1024, numerics="invariant", numerics_probe_cache=False)
     with pytest.raises(ModelLoadError, match=r"SEMIF_NUMERICS=invariant.*GPU backend"):
         DecisionEngine.load(demanded, gemma_gguf)
+    assert made == [False]  # refused before loading the model
 
 
 def test_gemma_probe_ignores_request_limits_and_a_context_too_small_keeps_the_fixed_split(gemma_gguf: Path):
