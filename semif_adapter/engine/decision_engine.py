@@ -40,7 +40,7 @@ from semif_adapter.engine.chunking import Cuts
 from semif_adapter.engine.deadline import Deadline
 from semif_adapter.engine.labels import LabelSet
 from semif_adapter.engine.llama_backend import LlamaRuntime, gpu_device_present
-from semif_adapter.engine.numerics import FIXED_SPLIT, GPU_BACKEND_REASON, INVARIANT, Verdict
+from semif_adapter.engine.numerics import FIXED_SPLIT, INVARIANT, Verdict, unprobed_verdict
 from semif_adapter.engine.planner import Planner
 from semif_adapter.engine.prefill import Prefill
 from semif_adapter.engine.prefix_cache import CacheStats, PrefixCache
@@ -165,16 +165,9 @@ class DecisionEngine:
                     runtime.close()
                     raise
 
-            if settings.numerics == FIXED_SPLIT:
-                return build(False, Verdict(FIXED_SPLIT, "SEMIF_NUMERICS=fixed-split"))
-            if gpu_device_present():  # decided before any load: the invariant context would be wasted
-                if settings.numerics == INVARIANT:
-                    raise ModelLoadError(
-                        f"SEMIF_NUMERICS=invariant, but {GPU_BACKEND_REASON}; "
-                        "use SEMIF_NUMERICS=auto or fixed-split"
-                    )
-                log.warning("numerics: the fixed split (%s)", GPU_BACKEND_REASON)
-                return build(False, Verdict(FIXED_SPLIT, GPU_BACKEND_REASON))
+            preset = unprobed_verdict(settings.numerics, gpu_device_present())
+            if preset is not None:
+                return build(False, preset)
             engine = build(True, None)
             if engine.invariant:
                 return engine

@@ -12,7 +12,7 @@ the runtime pads every piece to 64 rows (``LlamaRuntime.min_rows``) and ``min_pi
 Nothing promises this for another CPU build (ARM i8mm) or another model (a recurrent layer that
 computes in token chunks), so it is not assumed: :func:`probe` decodes one prompt several ways on the
 library and model actually loaded and compares the logits bit for bit. A GPU backend is not probed at
-all: ``DecisionEngine.load`` keeps the fixed split there (:data:`GPU_BACKEND_REASON`).
+all: :func:`unprobed_verdict` keeps the fixed split there (:data:`GPU_BACKEND_REASON`).
 
 * **invariant**: every way agreed. Decisions of a request share one call, a prefix tail is decoded
   with the suffix after it, and any token boundary is a valid place to reuse a saved state.
@@ -38,6 +38,7 @@ import numpy as np
 
 from semif_adapter.engine.calls import PIECE_CANDIDATES, pieces, shares_safely
 from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime, Part
+from semif_adapter.errors import ModelLoadError
 from semif_adapter.user_cache import cache_folder
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,25 @@ class Verdict:
         data = asdict(self)
         data.pop("cached")
         return data
+
+
+def unprobed_verdict(numerics: str, gpu_backend: bool) -> Verdict | None:
+    """The verdict that needs no probe, or None when the probe decides.
+
+    Decided before any model load, so no invariant context is built only to be dropped: the
+    settings force the fixed split, or a GPU backend is loaded (:data:`GPU_BACKEND_REASON`).
+    ``SEMIF_NUMERICS=invariant`` on a GPU backend refuses to start rather than run unproven.
+    """
+    if numerics == FIXED_SPLIT:
+        return Verdict(FIXED_SPLIT, "SEMIF_NUMERICS=fixed-split")
+    if not gpu_backend:
+        return None
+    if numerics == INVARIANT:
+        raise ModelLoadError(
+            f"SEMIF_NUMERICS=invariant, but {GPU_BACKEND_REASON}; use SEMIF_NUMERICS=auto or fixed-split"
+        )
+    log.warning("numerics: the fixed split (%s)", GPU_BACKEND_REASON)
+    return Verdict(FIXED_SPLIT, GPU_BACKEND_REASON)
 
 
 def _gap(a: np.ndarray, b: np.ndarray) -> float:
