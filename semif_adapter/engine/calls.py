@@ -46,11 +46,17 @@ def pieces(
     """``[start, end)`` (positions) cut into ``[a, b)`` spans of at most ``limit`` tokens, none shorter
     than ``min_piece`` unless the whole run is (a full span then leaves enough to its remainder).
 
-    ``aligned`` (invariant numerics, where the split moves no number): each span ends on the last
-    multiple of :data:`KV_CELL_ROUNDING` within ``limit`` tokens, where that takes no more calls. A call
-    attends over the cells up to its end rounded up to that, so a 512-token call from position 39
-    attends over 768 cells, one that ends at 512 over 512 (measured on Qwen2.5-0.5B, a 1,283-token
-    prompt: 0.5 s of 8.9 s went to such cells)."""
+    ``aligned`` (invariant numerics, where the split moves no number): calls end on the grid of
+    :data:`KV_CELL_ROUNDING` cells. A call attends over the cells up to its end rounded up to that grid,
+    and without flash attention each of its rows pays for all of them, masked or not: a 512-token call
+    from position 39 attends over 768 cells, one that ends at 512 over 512 (Qwen2.5-0.5B, a 1,283-token
+    prompt: 0.5 s of 8.9 s went to such cells). The cells a row pays for past its own position grow with
+    the call's length, so a run longer than one grid unit is cut at every grid line it crosses
+    (:func:`_unit_pieces`; Qwen2.5-0.5B, a 1,244-token prompt in 256-token calls: 0.93-0.95x the time of
+    512-token ones, ``benchmarks/results/history.md``); a shorter run takes the grid only where that
+    adds no call."""
+    if aligned and end - start > KV_CELL_ROUNDING:
+        return _unit_pieces(start, end, limit, min_piece)
     spans = _pieces(start, end, limit, min_piece)
     if aligned and len(spans) > 1:
         on_grid = _aligned_pieces(start, end, limit, min_piece)
@@ -63,6 +69,26 @@ def run_pieces(length: int, start: int, limit: int, min_piece: int) -> list[tupl
     """A run of ``length`` tokens from position ``start`` in calls, as offsets into the run, the calls
     ending on the grid of ``pieces(aligned=True)`` (invariant numerics only: the split moves nothing)."""
     return [(a - start, b - start) for a, b in pieces(start, start + length, limit, min_piece, aligned=True)]
+
+
+def _unit_pieces(start: int, end: int, limit: int, min_piece: int) -> list[tuple[int, int]]:
+    """A long run cut at every line of the cell grid, within ``limit``: a first stretch shorter than
+    ``min_piece`` joins the unit after it, and the last call ends ``min_piece`` early where the run
+    would leave less past the last line."""
+    spans: list[tuple[int, int]] = []
+    at = start
+    while True:
+        line = (at // KV_CELL_ROUNDING + 1) * KV_CELL_ROUNDING
+        if line - at < min_piece:
+            line += KV_CELL_ROUNDING
+        stop = min(line, at + limit)
+        if stop < end and end - stop < min_piece:
+            stop = end - min_piece  # leave the remainder a whole piece
+        if stop >= end or stop - at < min_piece:
+            spans.append((at, end))
+            return spans
+        spans.append((at, stop))
+        at = stop
 
 
 def _aligned_pieces(start: int, end: int, limit: int, min_piece: int) -> list[tuple[int, int]]:

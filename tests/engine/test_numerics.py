@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from semif_adapter.engine import DecisionEngine, decision_engine, llama_backend, probes
 from semif_adapter.engine.calls import (
+    KV_CELL_ROUNDING,
     equal_split,
     floored,
     group_calls,
@@ -77,24 +78,50 @@ def test_pieces_never_leave_a_short_remainder():
     assert pieces(5, 12, 512, 8) == [(5, 12)]  # a run shorter than a piece stays whole
 
 
-def test_aligned_pieces_end_on_the_call_grid_where_that_takes_no_more_calls():
-    # a cold prompt after the 39-token template head: calls end at 512 and 1024, not at 551 and 1063
-    assert pieces(39, 1283, 512, 8, aligned=True) == [(39, 512), (512, 1024), (1024, 1283)]
-    # from another start, calls end on the cell boundaries in reach: 768, then 1280
-    assert pieces(508, 1600, 512, 8, aligned=True) == [(508, 768), (768, 1280), (1280, 1600)]
-    # the boundaries would take a call more: the plain split stays
-    assert pieces(508, 1300, 512, 8, aligned=True) == pieces(508, 1300, 512, 8) == [(508, 1020), (1020, 1300)]
-    assert pieces(39, 400, 512, 8, aligned=True) == [(39, 400)]
+def test_aligned_pieces_cut_a_long_run_at_every_cell_boundary():
+    # a cold prompt after the 39-token template head: calls of one 256-cell unit each, ending on its
+    # grid; the last line would leave 3 tokens, so that call ends 8 (a whole piece) before the run's end
+    assert pieces(39, 1283, 512, 8, aligned=True) == [
+        (39, 256), (256, 512), (512, 768), (768, 1024), (1024, 1275), (1275, 1283),
+    ]  # fmt: skip
+    assert pieces(508, 1600, 512, 8, aligned=True) == [
+        (508, 768), (768, 1024), (1024, 1280), (1280, 1536), (1536, 1600),
+    ]  # fmt: skip
+    assert pieces(39, 400, 512, 8, aligned=True) == [(39, 256), (256, 400)]
+    # a line 6 tokens in would make a short first piece: that call runs on to the next line
+    assert pieces(250, 700, 512, 8, aligned=True) == [(250, 512), (512, 700)]
+    # the plain split is untouched: one call of the limit, then the rest
+    assert pieces(39, 1283, 512, 8) == [(39, 551), (551, 1063), (1063, 1283)]
 
 
-@given(st.integers(0, 3000), st.integers(1, 3000), st.sampled_from([8, 16, 32]), st.sampled_from([128, 512]))
+def test_aligned_pieces_keep_a_short_run_whole_unless_the_grid_adds_no_call():
+    # a run of one unit or less stays one call even across a line (a call more costs a weight pass)
+    assert pieces(200, 400, 512, 8, aligned=True) == [(200, 400)]
+    assert pieces(1200, 1290, 512, 8, aligned=True) == [(1200, 1290)]
+    # with calls shorter than a unit (n_batch 128) the grid is taken where it adds no call
+    assert pieces(200, 380, 128, 8, aligned=True) == [(200, 256), (256, 380)]
+    assert pieces(100, 300, 128, 8, aligned=True) == pieces(100, 300, 128, 8) == [(100, 228), (228, 300)]
+
+
+@given(
+    st.integers(0, 3000),
+    st.integers(1, 3000),
+    st.sampled_from([8, 16, 32, 64]),
+    st.sampled_from([128, 256, 512]),
+)
 def test_aligned_pieces_cover_the_run_in_safe_calls(start: int, length: int, min_piece: int, limit: int):
     spans = pieces(start, start + length, limit, min_piece, aligned=True)
     assert spans[0][0] == start and spans[-1][1] == start + length
     assert all(a < b for a, b in spans) and all(b == c for (_, b), (c, _) in pairwise(spans))
     assert all(b - a <= limit for a, b in spans)
     assert len(spans) == 1 or all(b - a >= min_piece for a, b in spans)
-    assert len(spans) <= len(pieces(start, start + length, limit, min_piece))
+    if length > KV_CELL_ROUNDING:
+        # no call crosses a line but one too close to its start for a whole piece
+        for a, b in spans:
+            inside = [g for g in range(a + 1, b) if g % KV_CELL_ROUNDING == 0]
+            assert not inside or (len(inside) == 1 and inside[0] - a < min_piece)
+    else:
+        assert len(spans) <= len(pieces(start, start + length, limit, min_piece))
 
 
 @given(st.lists(st.integers(1, 200), min_size=1, max_size=12), st.sampled_from([8, 16]), st.integers(1, 6))
