@@ -96,6 +96,8 @@ bench: models
 	  | tee benchmarks/results/cpu_kernels-2cpu.md
 	$(PY) -m benchmarks.attention_configs --json benchmarks/results/attention_configs-2cpu.json \
 	  | tee benchmarks/results/attention_configs-2cpu.md
+	$(PY) -m benchmarks.batching_ceiling --json benchmarks/results/batching_ceiling-2cpu.json \
+	  | tee benchmarks/results/batching_ceiling-2cpu.md
 
 # Ours against the stock llama-server (built once from the binding's vendored llama.cpp with the same
 # flags as the wheel, cached beside it; LLAMA_SERVER=/path/to/llama-server uses one you have).
