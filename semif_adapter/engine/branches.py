@@ -161,7 +161,8 @@ class Branches:
         readouts: list[Readout | None] = [None] * len(runs)
         width = runtime.n_seq_max - 1 if fork else 1
         lasts = floored([b - a for a, b in (s[-1] for s in spans)], runtime.min_rows)
-        for call in group_calls(lasts, limit, self.prefill.min_piece, width, pad_limit):
+        ends = None if runtime.min_rows else [start + s[-1][0] + n for s, n in zip(spans, lasts, strict=True)]
+        for call in group_calls(lasts, limit, self.prefill.min_piece, width, pad_limit, ends):
             # consecutive sequence ids in the call's order: the order llama.cpp's split was modelled in
             seqs = list(range(1, 1 + len(call))) if fork else [PREFIX_SEQ]
             if fork:

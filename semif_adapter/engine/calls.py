@@ -40,6 +40,28 @@ PIECE_CANDIDATES = (8, 16, 32)
 KV_CELL_ROUNDING = 256
 
 
+#: Row-cells of masked attention a shared call may add per call it saves. llama.cpp gives every stream of
+#: a call the longest span among them (``get_n_kv`` takes the maximum over the call's streams), so a
+#: sequence beside a longer one pays, per row, for cells that are not its own. Measured on two threads
+#: in the served context (``benchmarks/results/history.md``): a row costs ~0.77 µs per cell of span on
+#: Qwen2.5-0.5B and ~0.38 µs on gemma-3-270m, and a call of four 40-token pieces saves ~23 ms (Qwen) and
+#: ~12 ms (gemma) per call it replaces: about 30,000 row-cells on both.
+SHARED_CALL_CELLS = 30_000
+
+
+def kv_span(end: int) -> int:
+    """The cells a row attends over (masked or not, without flash attention) in a call whose sequence
+    ends at position ``end`` of its own stream."""
+    return max(1, -(-end // KV_CELL_ROUNDING)) * KV_CELL_ROUNDING
+
+
+def masked_cells(lengths: Sequence[int], ends: Sequence[int]) -> int:
+    """Row-cells a call of parts bringing ``lengths`` rows and ending at ``ends`` spends on cells past
+    each part's own span: every part attends over the call's longest span."""
+    spans = [kv_span(e) for e in ends]
+    return sum(n * (max(spans) - span) for n, span in zip(lengths, spans, strict=True))
+
+
 def pieces(
     start: int, end: int, limit: int, min_piece: int = PIECE_CANDIDATES[0], aligned: bool = False
 ) -> list[tuple[int, int]]:
@@ -171,20 +193,43 @@ def group_calls(
     min_piece: int = PIECE_CANDIDATES[0],
     max_parts: int = 64,
     pad_limit: int = 0,
+    ends: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """Indices of parts (each at most ``n_batch`` tokens) grouped into calls of at most ``max_parts``,
     each call's parts in the order their sequence ids must follow: shortest first, every call one that
     :func:`shares_safely` allows once its parts are padded (``pad_limit``, :func:`padded_lengths`). A
-    part shorter than ``min_piece`` gets a call of its own (the same shape wherever it is)."""
+    part shorter than ``min_piece`` gets a call of its own (the same shape wherever it is).
+
+    With ``ends`` (each part's end position in its own stream; attention without flash attention), a
+    part joins a call only where the masked cells that adds to the call (:func:`masked_cells`) stay
+    within :data:`SHARED_CALL_CELLS`, the call it saves: sequences of very different lengths go apart,
+    since a shared call would make the short ones attend over the long one's span. Only the grouping
+    changes; invariant numerics make every grouping give the same numbers."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     calls: list[list[int]] = [[i] for i in order if lengths[i] < min_piece]
     left = [i for i in order if lengths[i] >= min_piece]
     while left:
         call = [left[0]]
         for i in left[1:]:
-            widths = padded_lengths([lengths[j] for j in [*call, i]], pad_limit)
-            if len(call) < max_parts and shares_safely(widths, n_batch, min_piece):
+            members = [*call, i]
+            widths = padded_lengths([lengths[j] for j in members], pad_limit)
+            if (
+                len(call) < max_parts
+                and shares_safely(widths, n_batch, min_piece)
+                and _worth_sharing(members, lengths, ends)
+            ):
                 call.append(i)
         calls.append(call)
         left = [i for i in left if i not in call]
     return calls
+
+
+def _worth_sharing(members: list[int], lengths: Sequence[int], ends: Sequence[int] | None) -> bool:
+    if ends is None:
+        return True
+
+    def masked(parts: list[int]) -> int:
+        return masked_cells([lengths[j] for j in parts], [ends[j] for j in parts])
+
+    # joining saves the newcomer a call of its own; it may cost at most that much in masked cells
+    return masked(members) - masked(members[:-1]) <= SHARED_CALL_CELLS

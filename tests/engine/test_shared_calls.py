@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from semif_adapter.engine import DecisionEngine
+from semif_adapter.engine import DecisionEngine, calls
 from semif_adapter.engine.deadline import ClientDisconnected, Deadline
 from semif_adapter.errors import SemifError
 from semif_adapter.protocol import BatchResult
@@ -125,8 +125,15 @@ def test_requests_decoded_together_answer_as_alone(
         assert log.shared_prefills >= 1
 
 
-def test_a_request_beside_others_of_any_length_answers_as_alone(numerics_engine: DecisionEngine):
-    """The same short request next to requests whose prefixes are shorter, much longer, or the same."""
+@pytest.mark.parametrize("share_any_span", [False, True], ids=["planned", "every-span-shares"])
+def test_a_request_beside_others_of_any_length_answers_as_alone(
+    numerics_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch, share_any_span: bool
+):
+    """The same short request next to requests whose prefixes are shorter, much longer, or the same; as
+    planned (runs far apart in their streams in calls of their own) and with every run sharing calls
+    whatever its span (the budget lifted), so that calls mixing short and long spans are checked too."""
+    if share_any_span:
+        monkeypatch.setattr(calls, "SHARED_CALL_CELLS", 10**9)
     engine = numerics_engine
     short = request(0)
     expected = alone(engine, [short])
@@ -134,6 +141,29 @@ def test_a_request_beside_others_of_any_length_answers_as_alone(numerics_engine:
         for batch in ([short, *others], [*others, short]):
             outcomes = together(engine, batch)
             assert answers(outcomes[batch.index(short)]) == expected
+
+
+def test_runs_far_apart_in_their_streams_go_in_calls_of_their_own(
+    numerics_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
+):
+    """With no masked cells allowed, no call holds runs whose spans differ (llama.cpp would make each
+    attend over the longest), and the answers are still the lone ones."""
+    engine = numerics_engine
+    requests = [request(0), request(1), request(3)]
+    expected = alone(engine, requests)
+    monkeypatch.setattr(calls, "SHARED_CALL_CELLS", 0)
+    spans: list[set[int]] = []
+    real = engine.runtime.decode_parts
+
+    def logged(parts, cancel=None):  # type: ignore[no-untyped-def]
+        spans.append({calls.kv_span(p.end) for p in parts})
+        return real(parts, cancel)
+
+    monkeypatch.setattr(engine.runtime, "decode_parts", logged)
+    engine.reset_prefix_cache()
+    assert merged(together(engine, requests)) == expected
+    if engine.invariant and not engine.runtime.min_rows:
+        assert spans and all(len(s) == 1 for s in spans)
 
 
 def test_requests_about_one_state_share_its_prefill(engine: DecisionEngine):
