@@ -242,10 +242,12 @@ class SharedCalls:
             lasts = floored([b - a for a, b in (s[-1] for s in spans)], runtime.min_rows)
             # where each run's last piece ends in its stream: without flash attention, runs of very
             # different lengths are decoded apart (``calls.group_calls``)
-            ends = [sources[r.job].at + s[-1][0] + n for r, s, n in zip(pending, spans, lasts, strict=True)]
-            call = group_calls(lasts, limit, min_piece, width, pad_limit, None if runtime.min_rows else ends)[
-                0
-            ]
+            ends = (
+                None
+                if runtime.min_rows
+                else [sources[r.job].at + s[-1][0] + n for r, s, n in zip(pending, spans, lasts, strict=True)]
+            )
+            call = group_calls(lasts, limit, min_piece, width, pad_limit, ends)[0]
             members = [pending[i] for i in call]
             widths = padded_lengths([lasts[i] for i in call], pad_limit)
             self._call(members, [spans[i] for i in call], widths, sources)
