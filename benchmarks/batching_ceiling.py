@@ -38,20 +38,13 @@ TEXT = (
 
 
 def _runtime(gguf: Path, threads: int) -> Any:
-    """The engine's runtime in the served invariant context shape (``Settings`` defaults)."""
-    from semif_adapter.engine.llama_backend import LlamaRuntime
-    from semif_adapter.settings import Settings
+    """The engine's runtime in the served invariant context shape, as ``attention_configs`` builds it
+    (``Settings`` defaults, flash attention off)."""
+    from benchmarks.attention_configs import _context_shapes
+    from benchmarks.attention_configs import _runtime as invariant_runtime
 
-    served = Settings(verify_manifest=False)
-    return LlamaRuntime(
-        gguf,
-        n_ctx=served.n_ctx,
-        n_batch=512,
-        n_threads=threads,
-        n_gpu_layers=0,
-        invariant=True,
-        n_seq_max=1 + served.batch_sequences,
-    )
+    n_ctx, n_seq_max = _context_shapes()["served"]
+    return invariant_runtime(gguf, False, threads, n_ctx, n_seq_max)
 
 
 def _transcripts(runtime: Any, sequences: int, prefix: int, piece: int) -> list[list[int]]:
