@@ -40,12 +40,15 @@ PIECE_CANDIDATES = (8, 16, 32)
 KV_CELL_ROUNDING = 256
 
 
-#: Row-cells of masked attention a shared call may add per call it saves. llama.cpp gives every stream of
-#: a call the longest span among them (``get_n_kv`` takes the maximum over the call's streams), so a
-#: sequence beside a longer one pays, per row, for cells that are not its own. Measured on two threads
-#: in the served context (``benchmarks/results/history.md``): a row costs ~0.77 µs per cell of span on
-#: Qwen2.5-0.5B and ~0.38 µs on gemma-3-270m, and a call of four 40-token pieces saves ~23 ms (Qwen) and
-#: ~12 ms (gemma) per call it replaces: about 30,000 row-cells on both.
+#: Row-cells of masked attention (and filler) a shared call may add per call it saves. llama.cpp gives
+#: every stream of a call the longest span among them (``get_n_kv`` takes the maximum over the call's
+#: streams), so a sequence beside a longer one pays, per row, for cells that are not its own, and a
+#: filler row for the whole span. The budget is what a saved call costs over what a row-cell costs,
+#: measured per model by ``benchmarks/shared_call_budget.py`` (two threads, served context,
+#: ``benchmarks/results/shared_call_budget-2cpu.md``): ~28,000 on Qwen2.5-0.5B (0.75 µs per row-cell,
+#: 21 ms per call) and ~27,000 on gemma-3-270m (0.35 µs, 9 ms). The Qwen3.5-shaped hybrid, attention in
+#: a quarter of its layers, implies ~219,000, yet its turns there ran 0.80x (cold) and 0.83x (warm) the
+#: time with this budget than with none, so one figure serves all three.
 SHARED_CALL_CELLS = 30_000
 
 
@@ -55,11 +58,14 @@ def kv_span(end: int) -> int:
     return max(1, -(-end // KV_CELL_ROUNDING)) * KV_CELL_ROUNDING
 
 
-def masked_cells(lengths: Sequence[int], ends: Sequence[int]) -> int:
-    """Row-cells a call of parts bringing ``lengths`` rows and ending at ``ends`` spends on cells past
-    each part's own span: every part attends over the call's longest span."""
-    spans = [kv_span(e) for e in ends]
-    return sum(n * (max(spans) - span) for n, span in zip(lengths, spans, strict=True))
+def wasted_cells(lengths: Sequence[int], widths: Sequence[int], ends: Sequence[int]) -> int:
+    """Row-cells a call spends past what its parts need: parts bringing ``lengths`` real rows that end
+    at ``ends``, padded to ``widths``. Every row attends over the call's span (the padded parts'
+    longest); a real row needs only its own part's, a filler row nothing (its other work is not
+    counted, so this errs towards sharing)."""
+    span = max(kv_span(e + w - n) for e, w, n in zip(ends, widths, lengths, strict=True))
+    real = sum(n * (span - kv_span(e)) for n, e in zip(lengths, ends, strict=True))
+    return real + (sum(widths) - sum(lengths)) * span
 
 
 def pieces(
@@ -201,10 +207,11 @@ def group_calls(
     part shorter than ``min_piece`` gets a call of its own (the same shape wherever it is).
 
     With ``ends`` (each part's end position in its own stream; attention without flash attention), a
-    part joins a call only where the masked cells that adds to the call (:func:`masked_cells`) stay
-    within :data:`SHARED_CALL_CELLS`, the call it saves: sequences of very different lengths go apart,
-    since a shared call would make the short ones attend over the long one's span. Only the grouping
-    changes; invariant numerics make every grouping give the same numbers."""
+    part joins a call only where the row-cells that wastes (:func:`wasted_cells`: masked cells, and a
+    filler row's whole span) stay within :data:`SHARED_CALL_CELLS`, the
+    call it saves: sequences of very different lengths go apart, since a shared call would make the
+    short ones attend over the long one's span, and a part is not padded to join agents far away. Only
+    the grouping changes; invariant numerics make every grouping give the same numbers."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     calls: list[list[int]] = [[i] for i in order if lengths[i] < min_piece]
     left = [i for i in order if lengths[i] >= min_piece]
@@ -216,7 +223,7 @@ def group_calls(
             if (
                 len(call) < max_parts
                 and shares_safely(widths, n_batch, min_piece)
-                and _worth_sharing(members, lengths, ends)
+                and _worth_sharing(members, lengths, ends, pad_limit)
             ):
                 call.append(i)
         calls.append(call)
@@ -224,12 +231,15 @@ def group_calls(
     return calls
 
 
-def _worth_sharing(members: list[int], lengths: Sequence[int], ends: Sequence[int] | None) -> bool:
+def _worth_sharing(
+    members: list[int], lengths: Sequence[int], ends: Sequence[int] | None, pad_limit: int
+) -> bool:
     if ends is None:
         return True
 
-    def masked(parts: list[int]) -> int:
-        return masked_cells([lengths[j] for j in parts], [ends[j] for j in parts])
+    def wasted(parts: list[int]) -> int:
+        own = [lengths[j] for j in parts]
+        return wasted_cells(own, padded_lengths(own, pad_limit), [ends[j] for j in parts])
 
-    # joining saves the newcomer a call of its own; it may cost at most that much in masked cells
-    return masked(members) - masked(members[:-1]) <= SHARED_CALL_CELLS
+    # joining saves the newcomer a call of its own; it may cost at most that much in wasted cells
+    return wasted(members) - wasted(members[:-1]) <= SHARED_CALL_CELLS

@@ -28,10 +28,10 @@ from semif_adapter.engine.calls import (
     floored,
     group_calls,
     kv_span,
-    masked_cells,
     padded_lengths,
     pieces,
     shares_safely,
+    wasted_cells,
 )
 from semif_adapter.engine.llama_backend import FLASH_TILE_ROWS, Part
 from semif_adapter.engine.numerics import FIXED_SPLIT, GPU_BACKEND_REASON, INVARIANT, PADDED, _judged
@@ -143,9 +143,10 @@ def test_a_call_attends_over_its_longest_span_and_sequences_far_apart_are_decode
     cells that costs within SHARED_CALL_CELLS per call saved (measured: ~0.77 µs per row and cell on
     Qwen2.5-0.5B against ~23 ms per call saved)."""
     assert [kv_span(e) for e in (1, 256, 257, 1270, 1300)] == [256, 256, 512, 1280, 1536]
-    assert (
-        masked_cells([40, 40], [1000, 2000]) == 40 * 1024 and masked_cells([40, 40], [1040, 2040]) == 40 * 768
-    )
+    assert wasted_cells([40, 40], [40, 40], [1000, 2000]) == 40 * 1024
+    assert wasted_cells([40, 40], [40, 40], [1040, 2040]) == 40 * 768
+    # a filler row pays for the whole span; a real row for the cells past its own
+    assert wasted_cells([27, 37], [37, 37], [1000, 2000]) == 27 * 1024 + 10 * 2048
     # two agents a grid line apart still share; two 1,000 cells apart go in calls of their own
     assert group_calls([40, 40, 40, 40], 512, 8, 4, 0, [1270, 1270, 1300, 1300]) == [[0, 1, 2, 3]]
     assert group_calls([40, 40, 40, 40], 512, 8, 4, 0, [1000, 1000, 2000, 2000]) == [[0, 1], [2, 3]]
@@ -167,12 +168,28 @@ def test_calls_planned_with_ends_stay_safe_and_within_the_masked_cell_budget(
     calls = group_calls(lengths, 512, 8, width, pad_limit, ends)
     assert sorted(i for call in calls for i in call) == list(range(len(lengths)))
     for call in calls:
-        widths = padded_lengths([lengths[i] for i in call], pad_limit)
+        own = [lengths[i] for i in call]
+        widths = padded_lengths(own, pad_limit)
         assert len(call) <= width and (len(call) == 1 or shares_safely(widths, 512, 8))
-        masked = masked_cells([lengths[i] for i in call], [ends[i] for i in call])
-        assert masked <= SHARED_CALL_CELLS * (len(call) - 1)
-    if len({kv_span(e) for e in ends}) == 1:  # one span: the same calls as without ends
+        wasted = wasted_cells(own, widths, [ends[i] for i in call])
+        assert wasted <= SHARED_CALL_CELLS * (len(call) - 1)
+    if len({kv_span(e) for e in ends}) == 1 and pad_limit == 0:  # one span: the calls without ends
         assert calls == group_calls(lengths, 512, 8, width, pad_limit)
+
+
+def test_filler_counts_against_the_budget_where_spans_differ():
+    """A filler row attends over the call's whole span too: padding four 27-token suffixes to 37 to
+    fill a call with agents ~700 cells apart cost more than the call it saved (a warm turn of four
+    agents on 319- to 2,414-token transcripts: 5 calls with 30 filler rows, against 3 with every span
+    sharing), so the planner counts filler like masked cells."""
+    lengths = [27, 27, 27, 27, 37, 37, 37, 37]
+    ends = [361, 1029, 1737, 2456, 371, 1039, 1747, 2466]
+    calls = group_calls(lengths, 512, 8, 4, 16, ends)
+    for call in calls:  # no 27-token suffix padded to 37 beside agents far away
+        own = [lengths[i] for i in call]
+        assert own == padded_lengths(own, 16) or len({kv_span(ends[i]) for i in call}) == 1
+    # where the spans are one, filler is cheap and still buys the call: 36-39 tokens padded to 39
+    assert group_calls([36, 37, 38, 39], 512, 8, 4, 16, [1000, 1001, 1002, 1003]) == [[0, 1, 2, 3]]
 
 
 def test_padded_lengths_fall_on_levels_more_than_the_limit_apart():
