@@ -47,8 +47,8 @@ KV_CELL_ROUNDING = 256
 #: measured per model by ``benchmarks/shared_call_budget.py`` (two threads, served context,
 #: ``benchmarks/results/shared_call_budget-2cpu.md``): ~28,000 on Qwen2.5-0.5B (0.75 µs per row-cell,
 #: 21 ms per call) and ~27,000 on gemma-3-270m (0.35 µs, 9 ms). The Qwen3.5-shaped hybrid, attention in
-#: a quarter of its layers, implies ~219,000, yet its turns there ran 0.80x (cold) and 0.83x (warm) the
-#: time with this budget than with none, so one figure serves all three.
+#: a quarter of its layers, implies ~219,000, yet with this budget its turns there took 0.80x (cold) and
+#: 0.83x (warm) their time without one, so one figure serves all three.
 SHARED_CALL_CELLS = 30_000
 
 
@@ -208,10 +208,10 @@ def group_calls(
 
     With ``ends`` (each part's end position in its own stream; attention without flash attention), a
     part joins a call only where the row-cells that wastes (:func:`wasted_cells`: masked cells, and a
-    filler row's whole span) stay within :data:`SHARED_CALL_CELLS`, the
-    call it saves: sequences of very different lengths go apart, since a shared call would make the
-    short ones attend over the long one's span, and a part is not padded to join agents far away. Only
-    the grouping changes; invariant numerics make every grouping give the same numbers."""
+    filler row's whole span) stay within :data:`SHARED_CALL_CELLS`, the call it saves: sequences of
+    very different lengths go apart, since a shared call would make the short ones attend over the long
+    one's span, and a part is not padded to join agents far away. Only the grouping changes; invariant
+    numerics make every grouping give the same numbers."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     calls: list[list[int]] = [[i] for i in order if lengths[i] < min_piece]
     left = [i for i in order if lengths[i] >= min_piece]

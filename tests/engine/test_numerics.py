@@ -140,8 +140,8 @@ def test_group_calls_cover_every_part_once_in_safe_calls(lengths: list[int], min
 
 def test_a_call_attends_over_its_longest_span_and_sequences_far_apart_are_decoded_apart():
     """llama.cpp gives every stream of a call the longest span among them; the planner keeps the masked
-    cells that costs within SHARED_CALL_CELLS per call saved (measured: ~0.77 µs per row and cell on
-    Qwen2.5-0.5B against ~23 ms per call saved)."""
+    cells that costs within SHARED_CALL_CELLS per call saved (``benchmarks/shared_call_budget.py``:
+    ~0.75 µs per row and cell on Qwen2.5-0.5B against ~21 ms per call saved)."""
     assert [kv_span(e) for e in (1, 256, 257, 1270, 1300)] == [256, 256, 512, 1280, 1536]
     assert wasted_cells([40, 40], [40, 40], [1000, 2000]) == 40 * 1024
     assert wasted_cells([40, 40], [40, 40], [1040, 2040]) == 40 * 768
