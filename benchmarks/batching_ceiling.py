@@ -47,17 +47,20 @@ def _runtime(gguf: Path, threads: int) -> Any:
     return invariant_runtime(gguf, False, threads, n_ctx, n_seq_max)
 
 
+def transcript(runtime: Any, agent: int, tokens: int) -> list[int]:
+    """The first ``tokens`` tokens of agent ``agent``'s transcript: events of one shape whose numbers
+    differ per agent and step, so no two sequences share a prefix (``shared_call_budget`` uses it too)."""
+    events = range(tokens // 6 + 8)  # an event is ~30 tokens: the text runs well past the cut
+    text = "".join(TEXT.format(i=i, a=agent, d=3 + 7 * i, l=20 + 13 * i + agent) for i in events)
+    ids = runtime.tokenize(text, False)[:tokens]
+    if len(ids) < tokens:
+        raise SystemExit(f"the transcript text gave {len(ids)} tokens, fewer than {tokens}")
+    return ids
+
+
 def _transcripts(runtime: Any, sequences: int, prefix: int, piece: int) -> list[list[int]]:
     """Per sequence, ``prefix + piece`` tokens of a transcript of its own."""
-    out = []
-    for a in range(sequences):
-        events = range(4 * (prefix + piece) // 30)
-        text = "".join(TEXT.format(i=i, a=a, d=3 + 7 * i, l=20 + 13 * i + a) for i in events)
-        ids = runtime.tokenize(text, False)[: prefix + piece]
-        if len(ids) < prefix + piece:
-            raise SystemExit(f"the transcript text gave {len(ids)} tokens, fewer than {prefix + piece}")
-        out.append(ids)
-    return out
+    return [transcript(runtime, a, prefix + piece) for a in range(sequences)]
 
 
 def _decode(runtime: Any, parts: list[Any], together: bool) -> tuple[float, list[np.ndarray]]:

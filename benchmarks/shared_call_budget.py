@@ -49,10 +49,6 @@ SPANS = (256, 1024, 2048, 4096)
 SHARED_SPAN = 1280
 #: transcript events per request of the engine run: from a few hundred to ~2,400 tokens
 EVENTS = (12, 40, 70, 100)
-TEXT = (
-    "Step {i} of agent {a}: the tool returned {d} rows in {l} ms, and the agent noted that the "
-    "ticket still waits on the customer's reply before it can be closed. "
-)
 #: the events appended to every transcript, one per warm turn
 WARM_EVENTS = (
     " Then the customer replied that the refund never arrived and asked for a manager.",
@@ -63,15 +59,6 @@ QUESTIONS = (
     ("What should the agent do next?", ["retry", "escalate", "wait", "close"]),
     ("Is the ticket resolved?", ["yes", "no"]),
 )
-
-
-def _transcript(runtime: Any, agent: int, tokens: int) -> list[int]:
-    events = range(tokens // 20 + 8)
-    text = "".join(TEXT.format(i=i, a=agent, d=3 + 7 * i, l=20 + 13 * i + agent) for i in events)
-    ids = runtime.tokenize(text, False)[:tokens]
-    if len(ids) < tokens:
-        raise SystemExit(f"the transcript text gave {len(ids)} tokens, fewer than {tokens}")
-    return ids
 
 
 def _timed(runtime: Any, calls: list[list[Any]], saved: dict[int, Any]) -> float:
@@ -103,7 +90,7 @@ def _prefilled(runtime: Any, transcripts: dict[int, list[int]], recurrent: bool)
 
 def raw_costs(gguf: Path, repeats: int, threads: int) -> dict[str, Any]:
     """The per-row-cell cost and the worth of a saved call on the raw runtime."""
-    from benchmarks.batching_ceiling import _runtime
+    from benchmarks.batching_ceiling import _runtime, transcript
     from semif_adapter.engine.llama_backend import Part
 
     runtime = _runtime(gguf, threads)
@@ -113,7 +100,7 @@ def raw_costs(gguf: Path, repeats: int, threads: int) -> dict[str, Any]:
             raise SystemExit(f"the served context has {runtime.n_seq_max} streams; this needs 5")
         recurrent = runtime.is_recurrent or runtime.is_hybrid
         # per row-cell: one stream per span, filled up to PIECE before its end
-        ids = {seq: _transcript(runtime, seq, span) for seq, span in zip(streams, SPANS, strict=True)}
+        ids = {seq: transcript(runtime, seq, span) for seq, span in zip(streams, SPANS, strict=True)}
         saved = _prefilled(runtime, ids, recurrent)
         one = {
             span: [Part(ids[seq][-PIECE:], span - PIECE, seq)]
@@ -129,7 +116,7 @@ def raw_costs(gguf: Path, repeats: int, threads: int) -> dict[str, Any]:
         y = np.array([medians[span] for span in SPANS])
         slope, _ = np.polyfit(x, y, 1)
         # a saved call: the four streams refilled, four pieces ending at SHARED_SPAN
-        shared = {seq: _transcript(runtime, 10 + seq, SHARED_SPAN) for seq in streams[:4]}
+        shared = {seq: transcript(runtime, 10 + seq, SHARED_SPAN) for seq in streams[:4]}
         saved = _prefilled(runtime, shared, recurrent)
         parts = [Part(tokens[-PIECE:], SHARED_SPAN - PIECE, seq) for seq, tokens in shared.items()]
         ways: dict[str, list[float]] = {"apart": [], "together": []}
