@@ -375,6 +375,8 @@ def make_agent(engine: DecisionEngine, index: int, json_state: bool, start_token
 class Side:
     name: str
     seconds: float = 0.0
+    #: of ``seconds``, the agent loop's first turns (each agent's cold prompt)
+    first_turn_seconds: float = 0.0
     requests: int = 0
     answers: dict[str, list[float]] = field(default_factory=dict)
     drift: float = 0.0
@@ -429,7 +431,9 @@ class Duel:
         self.items = 0
         self.agree = 0.0
 
-    def run(self, decisions: list[dict], sides: tuple[Side, Side], reask: bool = False) -> None:
+    def run(
+        self, decisions: list[dict], sides: tuple[Side, Side], reask: bool = False, first_turn: bool = False
+    ) -> None:
         us, them = sides
         order = [(us, self._ours), (them, self._theirs)]
         if self.items % 2:
@@ -441,6 +445,8 @@ class Duel:
             answers = ask(decisions, side)
             if not reask:
                 side.seconds += time.perf_counter() - t0
+                if first_turn:
+                    side.first_turn_seconds += time.perf_counter() - t0
                 side.requests += 1 if side is us else len(decisions)
             got[side.name] = answers
             for key, probs in answers.items():
@@ -590,6 +596,20 @@ def run_four_agents(
     }
 
 
+def _turns_apart(us: Side, them: Side) -> dict[str, float]:
+    """The agent loop's time split into its first turns (cold prompts, where flash attention tells) and
+    its warm turns (an event and two decisions' suffixes on a cached prefix), each side's and the ratios."""
+    ours_warm, theirs_warm = us.seconds - us.first_turn_seconds, them.seconds - them.first_turn_seconds
+    return {
+        "ours_first_turns_s": round(us.first_turn_seconds, 3),
+        "llama_server_first_turns_s": round(them.first_turn_seconds, 3),
+        "first_turns_ratio": round(us.first_turn_seconds / them.first_turn_seconds, 3),
+        "ours_warm_turns_s": round(ours_warm, 3),
+        "llama_server_warm_turns_s": round(theirs_warm, 3),
+        "warm_turns_ratio": round(ours_warm / theirs_warm, 3),
+    }
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -626,7 +646,8 @@ def bench_model(key: str, gguf: Path, binary: Path, args: argparse.Namespace, lo
             load_before = load_average()
             started = time.perf_counter()
             for n, decisions in enumerate(items):
-                duel.run(decisions, (us, them))
+                # the agent loop goes round robin: its first ``agents`` items are every agent's first turn
+                duel.run(decisions, (us, them), first_turn=name == "agent_loop" and n < args.agents)
                 print(
                     f"{key} {name} {n + 1}/{len(items)}: ours {us.seconds:.2f} s, "
                     f"llama-server {them.seconds:.2f} s",
@@ -652,6 +673,7 @@ def bench_model(key: str, gguf: Path, binary: Path, args: argparse.Namespace, lo
                 "llama_server_reask_drift": them.drift,
                 "llama_server_missing_labels": them.missing_labels,
                 "wall_s": round(time.perf_counter() - started, 1),
+                **(_turns_apart(us, them) if name == "agent_loop" else {}),
                 "load_average_before": load_before,
                 "load_average_after": load_average(),
             }
@@ -756,6 +778,23 @@ def markdown(report: dict) -> str:
                 f"| {w['ours_s']:.2f} | {w['llama_server_s']:.2f} "
                 f"| {w['ratio']:.2f} | {w['ours_reask_drift']:.2e} | {w['llama_server_reask_drift']:.2e} "
                 f"| {w['load_average_before']} |"
+            )
+    lines += [
+        "",
+        "Agent loop, first turns (each agent's cold prompt) and warm turns apart: ours | llama-server",
+        "",
+        "| model | first turns ours s | llama-server s | ours ÷ llama-server | warm turns ours s "
+        "| llama-server s | ours ÷ llama-server |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in report["models"]:
+        loop = row["workloads"].get("agent_loop") or {}
+        if "warm_turns_ratio" in loop:
+            lines.append(
+                f"| {row['model']} | {loop['ours_first_turns_s']:.2f} "
+                f"| {loop['llama_server_first_turns_s']:.2f} | {loop['first_turns_ratio']:.2f} "
+                f"| {loop['ours_warm_turns_s']:.2f} "
+                f"| {loop['llama_server_warm_turns_s']:.2f} | {loop['warm_turns_ratio']:.2f} |"
             )
     lines += section(
         report,
