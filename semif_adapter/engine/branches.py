@@ -2,10 +2,10 @@
 
 In the fixed split each suffix gets a call of its own on a copy of sequence 0 (or on sequence 0 itself,
 restored after, where a copy does not reproduce the prefix state). In invariant numerics the decisions
-of a request are decoded together, each in a KV stream of its own, the prefix's tail in their call,
-calls shaped so that no sequence gets a short piece and, where the probe allows it, runs of nearly one
-length padded to one (``calls``). The readout takes the option labels' logits from the vocabulary row
-and checks the row is finite.
+of a request are decoded together, each in a KV stream of its own, the prefix's tail in one decision's
+call (the others read it from sequence 0 after), calls shaped so that no sequence gets a short piece and,
+where the probe allows it, runs of nearly one length padded to one (``calls``). The readout takes the
+option labels' logits from the vocabulary row and checks the row is finite.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from semif_adapter.engine.calls import floored, group_calls, padded_lengths, run_pieces
+from semif_adapter.engine.calls import equal_split, floored, group_calls, padded_lengths, run_pieces
 from semif_adapter.engine.chunking import Cuts
 from semif_adapter.engine.deadline import Deadline
 from semif_adapter.engine.llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime, Part
@@ -105,35 +105,75 @@ class Branches:
         """Invariant numerics: the prefix in as few calls as its saved states allow, its tail in the
         decisions' call(s), and the decisions of a request decoded together, each in its own stream.
 
-        A lone decision on memory that can drop a sequence's tail decodes the prefix tail and its suffix
-        on sequence 0 and drops the suffix after (where the prefill saves its state at the prefix's end,
-        its last stretch goes in that call too, and the state is saved after the drop); otherwise the
-        prefix is copied into one stream per decision (at most ``batch_sequences`` at once) and a short
-        tail is decoded in each of them, a long one once before the copies.
+        On memory that can drop a sequence's tail, one decision (the **rider**, :meth:`rider`) decodes the
+        prefix's tail and its own suffix on sequence 0, in one call, and the suffix is dropped after
+        (where the prefill saves its state at the prefix's end, its last stretch is that tail, and the
+        state is saved after the drop); the other decisions then start from the whole prefix, each in a
+        stream of its own (at most ``batch_sequences`` at once). The tail costs no call of its own: an
+        agent's turn of two decisions is two passes over the weights (its event with one suffix, the
+        other suffix), not three. Elsewhere (a recurrent state cannot drop a tail) the prefix is copied
+        into one stream per decision, a short tail decoded in each of them, a long one once before.
         """
         runtime, n = self.runtime, len(prefix_tokens)
         t0 = time.perf_counter()
         kept = self.prefill.keeps(prefix_tokens, cuts)
-        lone = len(planned) == 1 and not (runtime.is_recurrent or runtime.is_hybrid)
-        reused_tokens, tail_at, held = self.prefill.fill_shared(prefix_tokens, cuts, cancel, hold_end=lone)
+        droppable = not (runtime.is_recurrent or runtime.is_hybrid)
+        reused_tokens, tail_at, held = self.prefill.fill_shared(
+            prefix_tokens, cuts, cancel, hold_end=droppable
+        )
         tail = prefix_tokens[tail_at:]
         copies = len(tail) * (len(planned) - 1)
-        if tail and not lone and len(tail) >= self.prefill.min_piece and copies > TAIL_COPY_TOKENS:
+        long_tail = len(tail) >= self.prefill.min_piece and copies > TAIL_COPY_TOKENS
+        labels = [p.label_ids for p in planned]
+        rider = None
+        if droppable and (len(planned) == 1 or held is not None or (tail and long_tail)):
+            rider = self.rider([len(p.suffix_tokens) for p in planned], n)
+        elif tail and long_tail:
             self.decode_run(tail, tail_at, PREFIX_SEQ, cancel)
             tail, tail_at = [], n
         prefill_seconds = 0.0 if kept else time.perf_counter() - t0
-        runs = [tail + p.suffix_tokens for p in planned]
-        labels = [p.label_ids for p in planned]
-        forwards = self.decode_runs(runs, tail_at, labels, cancel, fork=not lone)
-        if lone:
+        if rider is None:
+            runs = [tail + p.suffix_tokens for p in planned]
+            forwards = self.decode_runs(runs, tail_at, labels, cancel)
+        else:
+            run = tail + planned[rider].suffix_tokens
+            first = self.decode_runs([run], tail_at, [labels[rider]], cancel, fork=False)
             runtime.drop(PREFIX_SEQ, n)  # the suffix goes; the whole prefix stays
             tail_at = n
             if held is not None:  # the prefill's last stretch was decoded with the suffix
                 self.prefill.file_end(prefix_tokens, cuts, held)
+            others = [i for i in range(len(planned)) if i != rider]
+            rest = self.decode_runs(
+                [planned[i].suffix_tokens for i in others], n, [labels[i] for i in others], cancel
+            )
+            forwards = rest[:rider] + first + rest[rider:]
         # sequence 0 keeps the prefix up to its tail: the next request about this state decodes only
         # the tail again, in its decisions' calls
         self.prefill.keep(prefix_tokens, cuts, tail_at)
         return prefill_seconds, reused_tokens, forwards
+
+    def rider(self, suffix_lengths: list[int], start: int) -> int:
+        """Which decision decodes the prefix's tail with its suffix: the one that leaves the others the
+        fewest micro-batches (then calls) of llama.cpp's split, the longest suffix among equals. One
+        candidate per suffix length: decisions of one length leave the same rest."""
+
+        def cost(i: int) -> tuple[int, int, int]:
+            rest = [[0] * n for j, n in enumerate(suffix_lengths) if j != i]
+            batches, calls = self.shape(rest, start) if rest else (0, 0)
+            return batches, calls, -suffix_lengths[i]
+
+        firsts = {n: i for i, n in reversed(list(enumerate(suffix_lengths)))}  # the first of each length
+        return min(firsts.values(), key=cost)
+
+    def shape(self, runs: list[list[int]], start: int) -> tuple[int, int]:
+        """The micro-batches and calls :meth:`decode_runs` would make of ``runs`` from ``start``."""
+        spans, lasts, calls = self.plan(runs, start, fork=True)
+        alone = sum(len(s) - 1 for s in spans)  # a long run's leading pieces, each a call of its own
+        pad_limit, n_batch = self.prefill.pad_limit, self.runtime.n_batch
+        batches = sum(
+            len(equal_split(padded_lengths([lasts[i] for i in c], pad_limit), n_batch)) for c in calls
+        )
+        return alone + batches, alone + len(calls)
 
     def decode_run(self, tokens: list[int], start: int, seq: int, cancel: Deadline | None) -> None:
         """One sequence's tokens from ``start``, in calls of at most ``n_batch``, no piece of one token."""
@@ -155,14 +195,11 @@ class Branches:
         """Each run of tokens from position ``start`` on a copy of sequence 0 (``fork``; else the one run
         on sequence 0 itself), runs sharing calls as ``calls.group_calls`` allows; each run's readout at
         its last token, with its share of the calls' seconds (by tokens)."""
-        runtime, limit, pad_limit = self.runtime, self.runtime.n_batch, self.prefill.pad_limit
-        spans = [self.spans(len(run), start) for run in runs]
+        runtime, pad_limit = self.runtime, self.prefill.pad_limit
+        spans, lasts, calls = self.plan(runs, start, fork)
         seconds = [0.0] * len(runs)
         readouts: list[Readout | None] = [None] * len(runs)
-        width = runtime.n_seq_max - 1 if fork else 1
-        lasts = floored([b - a for a, b in (s[-1] for s in spans)], runtime.min_rows)
-        ends = None if runtime.min_rows else [start + s[-1][0] + n for s, n in zip(spans, lasts, strict=True)]
-        for call in group_calls(lasts, limit, self.prefill.min_piece, width, pad_limit, ends):
+        for call in calls:
             # consecutive sequence ids in the call's order: the order llama.cpp's split was modelled in
             seqs = list(range(1, 1 + len(call))) if fork else [PREFIX_SEQ]
             if fork:
@@ -194,3 +231,16 @@ class Branches:
                     for seq in seqs:
                         runtime.drop(seq)
         return [(r, t) for r, t in zip(readouts, seconds, strict=True) if r is not None]
+
+    def plan(
+        self, runs: list[list[int]], start: int, fork: bool
+    ) -> tuple[list[list[tuple[int, int]]], list[int], list[list[int]]]:
+        """How :meth:`decode_runs` decodes ``runs``: each run's pieces, the length its last piece is planned
+        at, and which runs' last pieces share each call."""
+        runtime = self.runtime
+        spans = [self.spans(len(run), start) for run in runs]
+        width = runtime.n_seq_max - 1 if fork else 1
+        lasts = floored([b - a for a, b in (s[-1] for s in spans)], runtime.min_rows)
+        ends = None if runtime.min_rows else [start + s[-1][0] + n for s, n in zip(spans, lasts, strict=True)]
+        limit, least, pad_limit = runtime.n_batch, self.prefill.min_piece, self.prefill.pad_limit
+        return spans, lasts, group_calls(lasts, limit, least, width, pad_limit, ends)

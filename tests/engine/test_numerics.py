@@ -462,6 +462,61 @@ def test_cache_off_equals_cache_on_with_a_grown_state(numerics_engine: DecisionE
         off.close()
 
 
+def test_an_agent_turns_tail_rides_with_one_decision(
+    numerics_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
+):
+    """A warm turn of two decisions: on memory that can drop a sequence's tail, the new event is decoded
+    in sequence 0 in one call with one decision's suffix (no call of its own), the suffix's cells are
+    dropped and the state at the prefix's end is saved, and the other decision starts from it; a
+    recurrent or hybrid state keeps the event out of the suffixes' calls. Answers: bit for bit each
+    decision's alone, cold, and the state saved at the end serves the turn again."""
+    engine = numerics_engine
+    runtime = engine.runtime
+    events = [{"t": i, "event": f"tool call {i} returned {i * 7} rows"} for i in range(12)]
+    # six new events: a tail longer than flash attention's 64-row floor; suffixes of two lengths
+    before, turn = decisions(events[:6])[:2], decisions(events)[:2]
+    alone = {d["id"]: _answers(engine, [d])[d["id"]] for d in turn}
+    n = len(engine.prompt_tokens(turn)[0])
+    calls: list[list[Part]] = []
+    real = runtime._call
+
+    def logged(parts, cancel):  # type: ignore[no-untyped-def]
+        calls.append(list(parts))
+        return real(parts, cancel)
+
+    _answers(engine, before)  # the previous turn: its state is saved at its end
+    monkeypatch.setattr(runtime, "_call", logged)
+    warm = _answers(engine, turn, cold=False)
+    monkeypatch.undo()
+    assert warm == alone
+    on_prefix = [p for call in calls for p in call if p.seq == llama_backend.PREFIX_SEQ]
+    droppable = not (runtime.is_recurrent or runtime.is_hybrid)
+    if not engine.prefill.invariant:
+        return  # the fixed split: its own calls (test_the_fixed_split_keeps_single_equal_to_shared)
+    if droppable and engine.prefix_cache.any_cut:
+        assert len(on_prefix) == 1, [[(len(p.tokens), p.start_pos, p.seq) for p in c] for c in calls]
+        assert on_prefix[0].start_pos < n < on_prefix[0].end  # the event, then a suffix, in one call
+        assert len(calls) == 2, [[(len(p.tokens), p.start_pos, p.seq) for p in c] for c in calls]
+        engine.score(decisions("Another state takes sequence 0.")[:1])
+        again = engine.score(turn).results
+        assert {r.id: (r.probabilities, r.option_logits) for r in again} == alone
+        assert again[0].timing.prefix_reused_tokens == n  # the state saved after the suffix's drop
+    elif not droppable:
+        assert all(p.end <= n for p in on_prefix), "a suffix on a state that cannot drop it"
+
+
+def test_the_rider_leaves_the_others_the_fewest_passes(qwen_engine: DecisionEngine, monkeypatch):
+    """Which decision takes the tail: the one whose absence leaves the rest the fewest micro-batches of
+    llama.cpp's split, the longest among equals (unpadded, no flash attention)."""
+    branches = qwen_engine.branches
+    monkeypatch.setattr(qwen_engine.prefill, "pad_limit", 0)
+    assert qwen_engine.runtime.min_rows == 0
+    assert branches.rider([27, 47], 1000) == 1  # either leaves one pass: the longer rides
+    assert branches.rider([20, 40, 40], 1000) == 0  # 40 + 40 is one pass, 20 + 40 two
+    assert branches.rider([40, 40, 20], 1000) == 2
+    assert branches.rider([33], 1000) == 0
+
+
 def test_the_fixed_split_keeps_single_equal_to_shared(fixed_engine: DecisionEngine):
     assert fixed_engine.model_info.numerics == FIXED_SPLIT
     assert fixed_engine.model_info.numerics_reason == "SEMIF_NUMERICS=fixed-split"
