@@ -16,7 +16,8 @@ Workloads, each item sent to both servers back to back (the side that goes first
 * 8 on one state: 8 decisions about one new state — one request to us, 8 requests to llama-server;
 * agent loop: 4 agents × 6 turns, round robin; each turn the agent's state gains one tool event and asks two
   decisions (one request to us, two to llama-server). ``--agent-state json`` (default) sends the state as a
-  JSON array of events, ``text`` as lines of text.
+  JSON array of events, ``text`` as lines of text. Its first turns (each agent's cold prompt, where flash
+  attention tells) and its warm turns are also reported apart.
 
 * cold singles, flash attention apart: ``--attention-singles`` more cold singles (states of their own),
   each sent to us, to llama-server as above and to a second llama-server with ``-fa off`` (the order
