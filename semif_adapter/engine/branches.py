@@ -125,28 +125,28 @@ class Branches:
         copies = len(tail) * (len(planned) - 1)
         long_tail = len(tail) >= self.prefill.min_piece and copies > TAIL_COPY_TOKENS
         labels = [p.label_ids for p in planned]
-        rider = None
+        riding = None
         if droppable and (len(planned) == 1 or held is not None or (tail and long_tail)):
-            rider = self.rider([len(p.suffix_tokens) for p in planned], n)
+            riding = self.rider([len(p.suffix_tokens) for p in planned], n)
         elif tail and long_tail:
             self.decode_run(tail, tail_at, PREFIX_SEQ, cancel)
             tail, tail_at = [], n
         prefill_seconds = 0.0 if kept else time.perf_counter() - t0
-        if rider is None:
+        if riding is None:
             runs = [tail + p.suffix_tokens for p in planned]
             forwards = self.decode_runs(runs, tail_at, labels, cancel)
         else:
-            run = tail + planned[rider].suffix_tokens
-            first = self.decode_runs([run], tail_at, [labels[rider]], cancel, fork=False)
+            run = tail + planned[riding].suffix_tokens
+            first = self.decode_runs([run], tail_at, [labels[riding]], cancel, fork=False)
             runtime.drop(PREFIX_SEQ, n)  # the suffix goes; the whole prefix stays
             tail_at = n
             if held is not None:  # the prefill's last stretch was decoded with the suffix
                 self.prefill.file_end(prefix_tokens, cuts, held)
-            others = [i for i in range(len(planned)) if i != rider]
+            others = [i for i in range(len(planned)) if i != riding]
             rest = self.decode_runs(
                 [planned[i].suffix_tokens for i in others], n, [labels[i] for i in others], cancel
             )
-            forwards = rest[:rider] + first + rest[rider:]
+            forwards = rest[:riding] + first + rest[riding:]
         # sequence 0 keeps the prefix up to its tail: the next request about this state decodes only
         # the tail again, in its decisions' calls
         self.prefill.keep(prefix_tokens, cuts, tail_at)
