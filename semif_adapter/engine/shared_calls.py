@@ -15,12 +15,9 @@ streams. A request whose prefix sequence 0 holds forks from it; every other requ
 saved state the prefix cache serves it, restored into a stream, and makes its prefill's calls there
 (``Prefill.plan_fill``), its k-th call beside the others' k-th; the state at each call's end is copied
 to host memory (``llama_state_seq_get_data``) and filed in the prefix cache where a lone prefill would
-file it. A branch stream is then seeded from that copy. Where the memory can drop a sequence's tail, a
-prefill's last call (ending at the prefix's end: an agent's new event) carries one of its decisions'
-suffixes too, as ``Branches.decode_shared`` does for a lone request: the suffix's cells are dropped
-after the readout and the state at the prefix's end saved. A long prefix tail left after the prefill is
-decoded once per request (tails of several requests share calls) and its state saved the same way; a
-short one is decoded in each decision's own run. On a sliding-window model the prefills run
+file it. A branch stream is then seeded from that copy. A long prefix tail is decoded once per request
+(tails of several requests share calls) and its state saved the same way; a short one is decoded in
+each decision's own run, as ``Branches.decode_shared`` does. On a sliding-window model the prefills run
 one after another in sequence 0, exactly as a lone request's (``Prefill.decode_chunks`` keeps the
 window cache in one layout there).
 
@@ -76,11 +73,6 @@ class _Run:
     labels: list[int] = field(default_factory=list)
     prefill: bool = False
 
-    @property
-    def rides(self) -> bool:
-        """A prefill's last stretch carrying one of its request's decisions (``SharedCalls._riders``)."""
-        return self.prefill and self.decision is not None
-
 
 class SharedCalls:
     """Decodes a batch of requests (each already parsed and planned) in shared calls; invariant only."""
@@ -106,7 +98,6 @@ class SharedCalls:
                 for j, source in sources.items()
                 if self._outcomes[j] is None
                 for i, p in enumerate(self._jobs[j][1])
-                if self._riders.get(j) != i
             ]
             self._decode_runs(runs, sources)
         except SemifError as exc:  # the engine itself failed: every request still here gets the error
@@ -131,10 +122,8 @@ class SharedCalls:
         cache serves it (``Prefill.plan_fill``) in a stream of its own and makes the calls its prefill
         makes alone, its k-th call beside the others' k-th; the state at each call's end is kept (and
         filed in the prefix cache where a prefill in sequence 0 would file it)."""
-        self._riders: dict[int, int] = {}  # request -> the decision its prefill's last call carries
         if self.runtime.n_swa > 0:
             return self._prefills_in_turn()
-        droppable = not (self.runtime.is_recurrent or self.runtime.is_hybrid)
         sources: dict[int, _Source] = {}
         done: dict[int, tuple[float, int]] = {}
         self._plans: dict[int, tuple[FillPlan, list[tuple[int, int]]]] = {}
@@ -159,9 +148,6 @@ class SharedCalls:
             sources[j] = _Source(plan.reused, data, cut, empty=data is None)
             self._plans[j] = (plan, list(pairwise(plan.points)))
             done[j] = (0.0, plan.reused)
-            n, planned = len(prefix_tokens), self._jobs[j][1]
-            if droppable and len(plan.points) > 1 and plan.points[-1] == n and planned:
-                self._riders[j] = self.branches.rider([len(p.suffix_tokens) for p in planned], n)
         self._prefill_seconds = dict.fromkeys(self._plans, 0.0)
         while calls := self._next_prefill_calls():
             self._decode_runs(calls, sources)
@@ -175,13 +161,7 @@ class SharedCalls:
         for j, (_, spans) in self._plans.items():
             if spans and self._outcomes[j] is None:
                 a, b = spans.pop(0)
-                run = _Run(j, None, self._jobs[j][0][a:b], prefill=True)
-                if not spans and j in self._riders:  # the last call: it carries the riding decision
-                    decision = self._jobs[j][1][self._riders[j]]
-                    run = _Run(
-                        j, self._riders[j], run.tokens + decision.suffix_tokens, decision.label_ids, True
-                    )
-                calls.append(run)
+                calls.append(_Run(j, None, self._jobs[j][0][a:b], prefill=True))
         return calls
 
     def _prefills_in_turn(self) -> tuple[dict[int, _Source], dict[int, tuple[float, int]]]:
@@ -346,26 +326,22 @@ class SharedCalls:
             cancel = self._jobs[run.job][3]
             if cancel is not None:
                 cancel.advance(len(part.tokens), share)
-            decision = run.decision
-            row = next(rows) if decision is not None else -1
-            if decision is None or run.rides:
-                # a prefix stretch: its state kept (a riding decision's suffix dropped first)
-                prefix_tokens, _, cuts, _ = self._jobs[run.job]
-                tail_end = len(prefix_tokens) if run.rides else sources[run.job].at + len(run.tokens)
-                if part.filler or run.rides:
+            if run.decision is None:
+                tail_end = sources[run.job].at + len(run.tokens)
+                if part.filler:
                     runtime.drop(seq, tail_end)
                 state = runtime.save_seq(seq)
                 self._saved_tail(run.job, sources, state, tail_end)
                 if run.prefill:
+                    prefix_tokens, _, cuts, _ = self._jobs[run.job]
                     self.prefill.file_state(prefix_tokens, cuts, self._plans[run.job][0], tail_end, state)
-            if decision is None:
                 continue
             try:
-                readout = self.branches.read(run.labels, runtime.logits_at(row))
+                readout = self.branches.read(run.labels, runtime.logits_at(next(rows)))
             except SemifError as exc:  # this decision's row only (non-finite logits)
                 self._outcomes[run.job] = exc
                 continue
-            self._readouts[run.job][decision] = readout
+            self._readouts[run.job][run.decision] = readout
 
     def _seed(self, seq: int, source: _Source) -> None:
         """Stream ``seq`` starts as a copy of its request's prefix: forked from sequence 0 while the request
@@ -393,8 +369,8 @@ class SharedCalls:
 
     def _add_seconds(self, run: _Run, seconds: float) -> None:
         """A prefill call's seconds are its request's prefill time; a tail's are spread over its request's
-        decisions; a decision's are its own (a riding decision's: its prefill stretch's too)."""
-        if run.prefill and not run.rides:
+        decisions; a decision's are its own."""
+        if run.prefill:
             self._prefill_seconds[run.job] += seconds
             return
         row = self._seconds[run.job]

@@ -16,7 +16,6 @@ import pytest
 
 from semif_adapter.engine import DecisionEngine, calls
 from semif_adapter.engine.deadline import ClientDisconnected, Deadline
-from semif_adapter.engine.llama_backend import Part
 from semif_adapter.errors import SemifError
 from semif_adapter.protocol import BatchResult
 from tests.helpers.support import engine_settings
@@ -85,21 +84,17 @@ def merged(outcomes: Sequence[BatchResult | SemifError]) -> Answers:
 
 class CallLog:
     """Counts the engine's ``llama_decode`` calls, how many sequences each held, and how many of those
-    calls held two or more cold prefills' first stretches (parts that start at the template head, where
-    every cold prefill resumes from the pinned head state; the last stretch may carry a decision's
-    suffix); keeps every call's parts."""
+    calls read no logits (prefix stretches only: several requests' prefills in one call)."""
 
     def __init__(self, engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sequences: list[int] = []
         self.shared_prefills = 0
-        self.calls: list[list[Part]] = []
-        runtime, head = engine.runtime, engine.planner.head_cut
+        runtime = engine.runtime
         real = runtime.decode_parts
 
         def logged(parts, cancel=None):  # type: ignore[no-untyped-def]
-            self.calls.append(list(parts))
             self.sequences.append(len({p.seq for p in parts}))
-            self.shared_prefills += sum(p.start_pos <= head for p in parts) > 1
+            self.shared_prefills += len(parts) > 1 and not any(p.want_logits for p in parts)
             return real(parts, cancel)
 
         monkeypatch.setattr(runtime, "decode_parts", logged)
@@ -202,31 +197,6 @@ def test_interleaved_agents_batched_turn_by_turn_with_evictions(numerics_engine:
     finally:
         small.close()
         off.close()
-
-
-def test_batched_agents_events_ride_with_their_decisions(
-    numerics_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
-):
-    """Four agents' warm turns sent together: on memory that can drop a sequence's tail (no window), each
-    agent's new event is decoded with one of its decisions' suffixes, so no call of the turn decodes
-    prefix stretches alone; every answer as each request alone, cold."""
-    engine = numerics_engine
-    runtime = engine.runtime
-    events = [
-        [{"t": t, "agent": a, "event": f"agent {a} step {t}: {a * 11 + t} rows"} for t in range(4)]
-        for a in range(4)
-    ]
-    turns = {t: [request(a + 1, state=events[a][:t])[:2] for a in range(4)] for t in (2, 4)}
-    expected = alone(engine, turns[4])
-    engine.reset_prefix_cache()
-    together(engine, turns[2])  # the agents' states saved at their ends
-    log = CallLog(engine, monkeypatch)
-    assert merged(together(engine, turns[4])) == expected
-    rides = engine.invariant and not (runtime.is_recurrent or runtime.is_hybrid) and runtime.n_swa == 0
-    if rides:
-        shapes = [[(len(p.tokens), p.start_pos, p.want_logits) for p in call] for call in log.calls]
-        assert all(any(p.want_logits for p in call) for call in log.calls), shapes
-        assert max(log.sequences) >= 3  # the events still share calls
 
 
 def test_one_requests_error_or_abort_leaves_the_others_answers(
