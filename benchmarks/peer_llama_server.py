@@ -445,9 +445,10 @@ class Duel:
             t0 = time.perf_counter()
             answers = ask(decisions, side)
             if not reask:
-                side.seconds += time.perf_counter() - t0
+                elapsed = time.perf_counter() - t0
+                side.seconds += elapsed
                 if first_turn:
-                    side.first_turn_seconds += time.perf_counter() - t0
+                    side.first_turn_seconds += elapsed
                 side.requests += 1 if side is us else len(decisions)
             got[side.name] = answers
             for key, probs in answers.items():
