@@ -158,16 +158,17 @@ class Branches:
         candidate per suffix length: decisions of one length leave the same rest."""
 
         def cost(i: int) -> tuple[int, int, int]:
-            rest = [[0] * n for j, n in enumerate(suffix_lengths) if j != i]
+            rest = [n for j, n in enumerate(suffix_lengths) if j != i]
             batches, calls = self.shape(rest, start) if rest else (0, 0)
             return batches, calls, -suffix_lengths[i]
 
         firsts = {n: i for i, n in reversed(list(enumerate(suffix_lengths)))}  # the first of each length
         return min(firsts.values(), key=cost)
 
-    def shape(self, runs: list[list[int]], start: int) -> tuple[int, int]:
-        """The micro-batches and calls :meth:`decode_runs` would make of ``runs`` from ``start``."""
-        spans, lasts, calls = self.plan(runs, start, fork=True)
+    def shape(self, lengths: list[int], start: int) -> tuple[int, int]:
+        """The micro-batches and calls :meth:`decode_runs` would make of runs of ``lengths`` tokens from
+        ``start``."""
+        spans, lasts, calls = self.plan(lengths, start, fork=True)
         alone = sum(len(s) - 1 for s in spans)  # a long run's leading pieces, each a call of its own
         pad_limit, n_batch = self.prefill.pad_limit, self.runtime.n_batch
         batches = sum(
@@ -196,7 +197,7 @@ class Branches:
         on sequence 0 itself), runs sharing calls as ``calls.group_calls`` allows; each run's readout at
         its last token, with its share of the calls' seconds (by tokens)."""
         runtime, pad_limit = self.runtime, self.prefill.pad_limit
-        spans, lasts, calls = self.plan(runs, start, fork)
+        spans, lasts, calls = self.plan([len(run) for run in runs], start, fork)
         seconds = [0.0] * len(runs)
         readouts: list[Readout | None] = [None] * len(runs)
         for call in calls:
@@ -233,12 +234,12 @@ class Branches:
         return [(r, t) for r, t in zip(readouts, seconds, strict=True) if r is not None]
 
     def plan(
-        self, runs: list[list[int]], start: int, fork: bool
+        self, lengths: list[int], start: int, fork: bool
     ) -> tuple[list[list[tuple[int, int]]], list[int], list[list[int]]]:
-        """How :meth:`decode_runs` decodes ``runs``: each run's pieces, the length its last piece is planned
-        at, and which runs' last pieces share each call."""
+        """How :meth:`decode_runs` decodes runs of ``lengths`` tokens: each run's pieces, the length its
+        last piece is planned at, and which runs' last pieces share each call."""
         runtime = self.runtime
-        spans = [self.spans(len(run), start) for run in runs]
+        spans = [self.spans(n, start) for n in lengths]
         width = runtime.n_seq_max - 1 if fork else 1
         lasts = floored([b - a for a, b in (s[-1] for s in spans)], runtime.min_rows)
         ends = None if runtime.min_rows else [start + s[-1][0] + n for s, n in zip(spans, lasts, strict=True)]
