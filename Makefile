@@ -100,6 +100,8 @@ bench: models
 	  | tee benchmarks/results/batching_ceiling-2cpu.md
 	$(PY) -m benchmarks.shared_call_budget --hybrid --cmake-args="$(LLAMA_CMAKE_ARGS)" \
 	  --json benchmarks/results/shared_call_budget-2cpu.json | tee benchmarks/results/shared_call_budget-2cpu.md
+	$(PY) -m benchmarks.tile_aligned_flash --json benchmarks/results/tile_aligned_flash-2cpu.json \
+	  | tee benchmarks/results/tile_aligned_flash-2cpu.md
 
 # Ours against the stock llama-server (built once from the binding's vendored llama.cpp with the same
 # flags as the wheel, cached beside it; LLAMA_SERVER=/path/to/llama-server uses one you have).
