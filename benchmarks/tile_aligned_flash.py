@@ -4,7 +4,9 @@ The invariant numerics (``semif_adapter.engine.numerics``) keep flash attention 
 CPU kernel takes a per-row F16 path when a KV stream brings fewer than 64 query rows to a call and a
 tiled F32 path from 64 rows on; the opt-in padded mode pads every stream's piece to 64 rows, which costs
 the short pieces of warm turns more than the cold prompts gain. This benchmark measures a layout that
-needs no padding, on the stock kernels, before the engine is built around it.
+needs no padding, on the stock kernels, before the engine is built around it: the runtime class
+``semif_adapter.engine.tile_layout.TiledRuntime`` (proven bit for bit in
+``tests/engine/test_tile_layout.py``).
 
 The tiled kernel (``ggml_compute_forward_flash_attn_ext_tiled``, llama.cpp of llama-cpp-python 0.3.36)
 computes each query row on its own (its own running maximum and sum), walks the KV cells in 64-cell tiles
@@ -49,111 +51,14 @@ import numpy as np
 
 from benchmarks.attention_configs import TEXT  # the same event lines
 
-#: the CPU flash-attention kernel's query rows per tile (``GGML_FA_TILE_Q``: fewer rows take the per-row
-#: F16 path) and KV cells per tile (``GGML_FA_TILE_KV``), both 64 in this llama.cpp
-TILE = 64
 #: tokens of the state the decisions are about (the cost part) and of the invariance part's prefix:
-#: neither a multiple of the tile, so the prefix's last tile is partial
+#: neither a multiple of the 64-cell tile, so the prefix's last tile is partial
 STATE_TOKENS = 1200
 CHECK_PREFIX = 1000
 #: the four suffix lengths of the invariance checks
 SUFFIXES = (30, 40, 27, 45)
-#: sequence ids: 0 the prefix, 1.. the decisions, then the spacers and a filler that pads short calls
-FIRST_SPACER = 12
-SPACERS = 20
-FILLER = FIRST_SPACER + SPACERS
-N_SEQ = FILLER + 1
-
-
-def tile_line(cell: int) -> int:
-    """The first tile line at or after ``cell``."""
-    return -(-cell // TILE) * TILE
-
-
-def _unified_runtime(gguf: Path, threads: int, n_ctx: int) -> Any:
-    """The engine's runtime class on one unified KV stream with flash attention and plain weights."""
-    from semif_adapter.engine.llama_backend import LlamaRuntime
-
-    class Unified(LlamaRuntime):
-        def _context_params(self, *args: Any) -> Any:
-            cparams = super()._context_params(*args)
-            cparams.n_seq_max = N_SEQ
-            cparams.kv_unified = True
-            cparams.flash_attn_type = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED
-            return cparams
-
-    return Unified(gguf, n_ctx=n_ctx, n_batch=512, n_threads=threads, n_gpu_layers=0, extra_buffers="off")
-
-
-class Layout:
-    """Calls on a unified stream with every decision's own cells from a tile line (see the module text).
-
-    ``decode`` takes entries ``(token, position, sequences, wants logits)`` in the order their cells must
-    follow: the prefix's new tokens first (on sequence 0 and every decision that sees them), then each
-    decision's suffix. Sequence 0 holds the prefix from cell 0 and nothing else lives in the cache."""
-
-    def __init__(self, runtime: Any, ids: list[int]) -> None:
-        self.rt = runtime
-        self.batch = runtime.abi.batch_init(runtime.n_batch, 0, N_SEQ)
-        runtime.clear()
-        runtime.decode_parts([_part(ids[:TILE], 0, FIRST_SPACER, False)])  # any tokens: never attended to
-        self.spacer = runtime.save_seq(FIRST_SPACER)  # TILE cells at positions 0..TILE-1
-        runtime.clear()
-
-    def decode(
-        self, prefix_end: int, runs: list[list[tuple[int, int, list[int], bool]]], pad: bool = True
-    ) -> list[int]:
-        """``runs[0]``: tokens that extend the prefix (cells from ``prefix_end``); ``runs[1:]``: one
-        decision each, its cells from the next tile line. Pads the call to ``TILE`` rows with filler
-        (``pad``), holds the gaps with spacers; returns the rows with logits."""
-        holes, cell = [], prefix_end
-        for k, run in enumerate(runs):
-            if k:
-                cell = tile_line(cell)
-            holes.append((cell, cell + len(run)))
-            cell += len(run)
-        entries = [e for run in runs for e in run]
-        short = TILE - len(entries)
-        if pad and short > 0:  # filler rows right after the last run: its own cells, masked for everyone else
-            holes.append((cell, cell + short))
-            entries += [(entries[-1][0], i, [FILLER], False) for i in range(short)]
-            cell += short
-        used = [*self._hold(prefix_end, cell, holes), FILLER]
-        rows = self._call(entries)
-        for seq in used:
-            self.rt.drop(seq)
-        return rows
-
-    def _hold(self, start: int, end: int, holes: list[tuple[int, int]]) -> list[int]:
-        """Spacers over cells ``start..end`` (each TILE cells, restored in turn from the head), then the
-        holes removed from them: the call's tokens go exactly into the holes."""
-        used = []
-        for k in range(-(-(end - start) // TILE)):
-            seq = FIRST_SPACER + k
-            self.rt.restore_seq(seq, self.spacer)
-            used.append(seq)
-        for a, b in holes:
-            for k in range((a - start) // TILE, (b - 1 - start) // TILE + 1):
-                base = start + k * TILE
-                p0, p1 = max(a, base) - base, min(b, base + TILE) - base
-                if not self.rt.lib.llama_memory_seq_rm(self.rt.memory, FIRST_SPACER + k, p0, p1):
-                    raise RuntimeError(f"could not open cells {p0}..{p1} of spacer {k}")
-        return used
-
-    def _call(self, entries: list[tuple[int, int, list[int], bool]]) -> list[int]:
-        batch, rows = self.batch, []
-        for i, (token, pos, seqs, wants) in enumerate(entries):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, len(seqs)
-            for j, seq in enumerate(seqs):
-                batch.seq_id[i][j] = seq
-            batch.logits[i] = wants
-            if wants:
-                rows.append(i)
-        batch.n_tokens = len(entries)
-        rc = self.rt.abi.decode(self.rt.ctx, batch)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode returned {rc}")
-        return rows
+#: decisions one tiled call may hold (the eight on one state)
+DECISIONS = 8
 
 
 def _part(tokens: list[int], start: int, seq: int, wants: bool = True) -> Any:
@@ -168,34 +73,46 @@ def _prefill(rt: Any, tokens: list[int], per_call: int) -> None:
         rt.decode_parts([_part(tokens[a : a + per_call], a, 0, False)])
 
 
-def _suffix(tokens: list[int], start: int, seq: int) -> list[tuple[int, int, list[int], bool]]:
-    return [(t, start + i, [seq], i == len(tokens) - 1) for i, t in enumerate(tokens)]
+def _runs(suffixes: list[list[int]], start: int) -> list[Any]:
+    """One run per suffix from position ``start``, on decision sequences 1, 2, … (forked here)."""
+    from semif_adapter.engine.tile_layout import Run
+
+    return [Run(tokens, start, 1 + k) for k, tokens in enumerate(suffixes)]
+
+
+def _fork(rt: Any, count: int) -> None:
+    for k in range(count):
+        rt.fork(0, 1 + k)
+
+
+def _drop(rt: Any, count: int) -> None:
+    for k in range(count):
+        rt.drop(1 + k)
 
 
 def _logits(rt: Any, rows: list[int]) -> list[np.ndarray]:
     return [np.array(rt.logits_at(r)) for r in rows]
 
 
-def check_invariance(layout: Layout, ids: list[int]) -> dict[str, float]:
+def check_invariance(tiled: Any, ids: list[int]) -> dict[str, float]:
     """Max |Δ logit| of each way against each suffix decoded alone after a prefix in 512-token calls."""
-    rt, n = layout.rt, CHECK_PREFIX
+    n = CHECK_PREFIX
     prefix = ids[:n]
     suffixes = [ids[2000 + 100 * k : 2000 + 100 * k + length] for k, length in enumerate(SUFFIXES)]
 
     def together(
         order: list[int], per_call: int = 512, tail: int = 0, aligned: bool = True
     ) -> dict[int, Any]:
-        _prefill(rt, prefix[: n - tail], per_call)
-        for j in range(len(order)):
-            rt.fork(0, 1 + j)
-        seqs = [0, *range(1, 1 + len(order))]
-        head = [(t, n - tail + i, seqs, False) for i, t in enumerate(prefix[n - tail :])]
-        runs = [_suffix(suffixes[i], n, 1 + j) for j, i in enumerate(order)]
+        _prefill(tiled, prefix[: n - tail], per_call)
+        _fork(tiled, len(order))
+        runs = _runs([suffixes[i] for i in order], n)
         if aligned:
-            rows = layout.decode(n - tail, [head, *runs])
-        else:  # control: the suffixes packed right after each other, no tile lines
-            rows = layout._call([*head, *[e for run in runs for e in run]])
-        return dict(zip(order, _logits(rt, rows), strict=True))
+            rows = tiled.decode_tiled(n - tail, prefix[n - tail :], runs)
+        else:  # control: the suffixes packed right after the prefix and each other, 64+ rows in all
+            rows = tiled.decode_parts([_part(list(r.tokens), n, r.seq) for r in runs])
+        got = dict(zip(order, _logits(tiled, rows), strict=True))
+        _drop(tiled, len(order))
+        return got
 
     reference = {i: together([i])[i] for i in range(len(SUFFIXES))}
 
@@ -210,25 +127,22 @@ def check_invariance(layout: Layout, ids: list[int]) -> dict[str, float]:
         checks[f"suffixes {order} in one call"] = gap(together(order))
     checks["a 100-token prefix tail in the suffixes' call"] = gap(together([2, 0, 3], tail=100))
     checks["control, must move: suffixes without tile lines"] = gap(together([0, 1, 2], aligned=False))
-    _prefill(rt, prefix, 512)
-    rt.fork(0, 1)
-    short = layout.decode(n, [[], _suffix(suffixes[1], n, 1)], pad=False)  # 40 rows: the per-row kernel
-    checks["control, must move: a call of fewer than 64 rows"] = gap({1: _logits(rt, short)[0]})
+    checks["control, must move: a 40-row call right after the prefix"] = gap(together([1], aligned=False))
     return checks
 
 
 class Workloads:
-    """The three timed shapes on both contexts (``today``: the served invariant context)."""
+    """The three timed shapes on both runtimes (``today``: the served invariant context)."""
 
-    def __init__(self, today: Any, layout: Layout, ids: list[int]) -> None:
-        self.today, self.layout = today, layout
+    def __init__(self, today: Any, tiled: Any, ids: list[int]) -> None:
+        self.today, self.tiled = today, tiled
         n = STATE_TOKENS
         self.state, self.event = ids[:n], ids[n : n + 41]
         self.two = [ids[3000:3040], ids[3100:3127]]
-        self.eight = [ids[3200 + 50 * k : 3200 + 50 * k + 38] for k in range(8)]
+        self.eight = [ids[3200 + 50 * k : 3200 + 50 * k + 38] for k in range(DECISIONS)]
 
     def cold(self, unified: bool) -> float:
-        rt = self.layout.rt if unified else self.today
+        rt = self.tiled if unified else self.today
         t0 = time.perf_counter()
         _prefill(rt, self.state, 512)
         return time.perf_counter() - t0
@@ -237,14 +151,10 @@ class Workloads:
         n, event, (first, second) = len(self.state), self.event, self.two
         t0 = time.perf_counter()
         if unified:
-            rt = self.layout.rt
-            rt.fork(0, 1)
-            rt.fork(0, 2)
-            head = [(t, n + i, [0, 1, 2], False) for i, t in enumerate(event)]
-            runs = [_suffix(first, n + len(event), 1), _suffix(second, n + len(event), 2)]
-            self.layout.decode(n, [head, *runs])
-            rt.drop(1)
-            rt.drop(2)
+            rt = self.tiled
+            _fork(rt, 2)
+            rt.decode_tiled(n, event, _runs([first, second], n + len(event)))
+            _drop(rt, 2)
         else:
             rt = self.today
             rt.decode_parts([_part(event + first, n, 0)])
@@ -260,25 +170,21 @@ class Workloads:
         n = len(self.state)
         t0 = time.perf_counter()
         if unified:
-            rt = self.layout.rt
-            for k in range(8):
-                rt.fork(0, 1 + k)
-            self.layout.decode(n, [[], *[_suffix(s, n, 1 + k) for k, s in enumerate(self.eight)]])
-            for k in range(8):
-                rt.drop(1 + k)
+            _fork(self.tiled, DECISIONS)
+            self.tiled.decode_tiled(n, [], _runs(self.eight, n))
+            _drop(self.tiled, DECISIONS)
         else:
             rt = self.today
             for half in (self.eight[:4], self.eight[4:]):
-                for k in range(4):
-                    rt.fork(0, 1 + k)
+                _fork(rt, 4)
                 rt.decode_parts([_part(s, n, 1 + k) for k, s in enumerate(half)])
-                for k in range(4):
-                    rt.drop(1 + k)
+                _drop(rt, 4)
         return time.perf_counter() - t0
 
 
 def measure(model: str, repeats: int, threads: int) -> dict[str, Any]:
     from semif_adapter.engine.llama_backend import LlamaRuntime
+    from semif_adapter.engine.tile_layout import TiledRuntime
     from semif_adapter.model.demo_models import ensure_model
     from semif_adapter.settings import Settings
 
@@ -293,13 +199,12 @@ def measure(model: str, repeats: int, threads: int) -> dict[str, Any]:
         invariant=True,
         n_seq_max=1 + served.batch_sequences,
     )
-    unified = _unified_runtime(gguf, threads, served.n_ctx)
+    tiled = TiledRuntime(gguf, n_ctx=served.n_ctx, n_batch=512, n_threads=threads, n_seq_max=1 + DECISIONS)
     try:
         text = "".join(TEXT.format(i=i, w=i % 7, d=40 + 3 * i, l=100 + 11 * i) for i in range(400))
         ids = today.tokenize(text, False)
-        layout = Layout(unified, ids)
-        checks = check_invariance(layout, ids)
-        work = Workloads(today, layout, ids)
+        checks = check_invariance(tiled, ids)
+        work = Workloads(today, tiled, ids)
         shapes = {
             "cold prompt": work.cold,
             "warm turn": work.warm_turn,
@@ -308,8 +213,7 @@ def measure(model: str, repeats: int, threads: int) -> dict[str, Any]:
         times: dict[tuple[str, bool], list[float]] = {(s, u): [] for s in shapes for u in (False, True)}
         for r in range(repeats + 1):  # the first round warms caches and threads, untimed
             for flag in (False, True) if r % 2 else (True, False):
-                rt = unified if flag else today
-                _prefill(rt, work.state, 512)
+                _prefill(tiled if flag else today, work.state, 512)
                 for name, shape in shapes.items():
                     seconds = shape(flag)
                     if r:
@@ -327,7 +231,7 @@ def measure(model: str, repeats: int, threads: int) -> dict[str, Any]:
         }
     finally:
         today.close()
-        unified.close()
+        tiled.close()
 
 
 def report(rows: list[dict[str, Any]], repeats: int, threads: int, load: list[float]) -> str:

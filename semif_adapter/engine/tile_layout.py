@@ -1,0 +1,214 @@
+"""Flash attention without padding: one unified KV stream, each decision's own cells from a KV tile line.
+
+Not yet a numerics mode of the engine (``docs/design.md``, "Next: flash attention in one unified
+stream"); ``benchmarks/tile_aligned_flash.py`` measures it and ``tests/engine/test_tile_layout.py``
+proves it bit for bit on the test models.
+
+Why it is invariant. ggml-cpu's flash attention takes a tiled F32 path when a KV stream brings
+``FLASH_TILE_ROWS`` (64) or more query rows to a call, and a per-row F16 path below that. The tiled path
+computes every query row on its own (its own running maximum and sum), walks the KV cells in tiles of
+``TILE_CELLS`` (64) from cell 0, skips a tile masked for all of a tile's rows and gives a masked cell an
+exact zero. So a row's numbers depend only on where its own visible cells sit against the tile lines.
+In ONE unified stream every sequence of a call is the same stream: 64 rows in all put the call on the
+tiled path, however few each sequence brings, and a fork only tags the prefix's cells. With the prefix
+from cell 0 and every decision's own cells from the next tile line, a decision sees the same tiles alone
+as beside any others.
+
+How the cells are steered. llama.cpp puts a call's tokens into the first free cells from its cache head.
+During a call the gaps up to each tile line are held by **spacer** cells: a saved state of
+``TILE_CELLS`` cells, restored into spare sequences one after another from the head, with the holes for
+the call's tokens then removed from them (which moves the head back to the first hole). A call with
+fewer than 64 rows gets filler rows on a sequence of their own. Spacers and filler are dropped after the
+call; nothing but sequence 0 and its copies may hold cells at or past the prefix's end when a call
+starts. Recurrent and hybrid memory cannot remove part of a sequence, so they are refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from semif_adapter.engine.deadline import Deadline
+from semif_adapter.engine.llama_backend import DECODE_ABORTED, FLASH_TILE_ROWS, PREFIX_SEQ, LlamaRuntime, Part
+from semif_adapter.errors import EngineFailure, ModelLoadError
+
+#: KV cells per tile of ggml-cpu's tiled flash attention (``GGML_FA_TILE_KV``)
+TILE_CELLS = 64
+
+
+def tile_line(cell: int) -> int:
+    """The first tile line at or after ``cell``."""
+    return -(-cell // TILE_CELLS) * TILE_CELLS
+
+
+@dataclass(frozen=True)
+class Run:
+    """One decision's tokens in a tiled call: on sequence ``seq`` (a copy of sequence 0) from position
+    ``start_pos``; its logits are read at its last token."""
+
+    tokens: Sequence[int]
+    start_pos: int
+    seq: int
+
+
+def holes(prefix_end: int, tail: int, runs: Sequence[int], filler: int) -> list[tuple[int, int]]:
+    """The cells a call's tokens go into: ``tail`` tokens right after the prefix, each run of ``runs``
+    tokens from the next tile line, then ``filler`` rows right after the last run."""
+    spans, cell = [(prefix_end, prefix_end + tail)], prefix_end + tail
+    for length in runs:
+        cell = tile_line(cell)
+        spans.append((cell, cell + length))
+        cell += length
+    spans.append((cell, cell + filler))
+    return [(a, b) for a, b in spans if b > a]
+
+
+class TiledRuntime(LlamaRuntime):
+    """The engine's runtime on one unified KV stream with flash attention and plain weights, whose
+    :meth:`decode_tiled` lays out a prefix tail and decisions' runs as the module text says.
+
+    ``n_seq_max - 1`` decisions at once; ``n_ctx`` cells for the prefix, plus room for one call's runs,
+    their tile gaps and filler."""
+
+    def __init__(self, path: Path, *, n_ctx: int, n_batch: int, n_threads: int, n_seq_max: int = 5) -> None:
+        if n_batch < FLASH_TILE_ROWS:
+            raise ModelLoadError(f"a tiled layout needs n_batch >= {FLASH_TILE_ROWS}, not {n_batch}")
+        self.decisions = n_seq_max - 1
+        # the most cells a call's tokens span past the prefix: every run starts a tile later at worst
+        self.call_cells = n_batch + TILE_CELLS * (self.decisions + 1)
+        self.spacer_seqs = math.ceil(self.call_cells / TILE_CELLS)
+        super().__init__(
+            path,
+            n_ctx=n_ctx,
+            n_batch=n_batch,
+            n_threads=n_threads,
+            n_gpu_layers=0,
+            invariant=True,
+            n_seq_max=n_seq_max,
+            flash_attention=True,
+        )
+        self.min_rows = 0  # rows are counted per call here, not per sequence
+        self.n_seq_max = n_seq_max  # the prefix and the decisions; spacers and filler come after
+        try:
+            if self.is_recurrent or self.is_hybrid:
+                raise ModelLoadError(
+                    f"{path.name}: a tiled layout removes part of a spacer sequence, which recurrent and "
+                    "hybrid memory cannot"
+                )
+            self.first_spacer = n_seq_max
+            self.filler_seq = self.first_spacer + self.spacer_seqs
+            self.tiled_batch = self.abi.batch_init(n_batch, 0, n_seq_max)
+            self.spacer = self._spacer_state()
+        except BaseException:
+            self.close()
+            raise
+
+    def _context_params(
+        self, n_ctx: int, n_batch: int, n_threads: int, invariant: bool, n_seq_max: int, flash_attention: bool
+    ) -> Any:
+        cparams = super()._context_params(n_ctx, n_batch, n_threads, invariant, n_seq_max, flash_attention)
+        cparams.n_ctx = n_ctx + self.call_cells
+        cparams.n_seq_max = n_seq_max + self.spacer_seqs + 1  # decisions, spacers, filler
+        cparams.kv_unified = True
+        cparams.flash_attn_type = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED
+        return cparams
+
+    def _spacer_state(self) -> Any:
+        """A saved state of ``TILE_CELLS`` cells (any tokens: no one attends to a spacer)."""
+        filler = [self._any_token()] * TILE_CELLS
+        self.decode_parts([Part(filler, 0, self.first_spacer, False)])
+        state = self.save_seq(self.first_spacer)
+        self.drop(self.first_spacer)
+        return state
+
+    def _any_token(self) -> int:
+        """A valid token for rows whose numbers no one reads."""
+        bos = int(self.lib.llama_vocab_bos(self.vocab))
+        return bos if bos >= 0 else 0
+
+    def decode_tiled(
+        self, prefix_end: int, tail: Sequence[int], runs: Sequence[Run], cancel: Deadline | None = None
+    ) -> list[int]:
+        """One ``llama_decode``: ``tail`` extends the prefix (sequence 0 and every run's sequence, cells
+        from ``prefix_end``), each run on its own sequence from the next tile line. Returns each run's
+        logits row (for :meth:`logits_at`). The tail's cells stay on all those sequences, a run's on its
+        own; the caller drops the runs' sequences when done."""
+        seqs = [r.seq for r in runs]
+        if not runs or len(set(seqs)) != len(seqs) or not all(1 <= s <= self.decisions for s in seqs):
+            raise EngineFailure(
+                f"a tiled call needs distinct decision sequences 1..{self.decisions}, not {seqs}"
+            )
+        if any(not r.tokens for r in runs):
+            raise EngineFailure("a tiled call got a run without tokens")
+        if int(self.lib.llama_memory_seq_pos_max(self.memory, PREFIX_SEQ)) != prefix_end - 1:
+            raise EngineFailure(f"sequence 0 does not end at position {prefix_end - 1}")
+        rows = len(tail) + sum(len(r.tokens) for r in runs)
+        filler = max(0, FLASH_TILE_ROWS - rows)
+        if rows + filler > self.n_batch:
+            raise EngineFailure(f"a tiled call of {rows} tokens (n_batch {self.n_batch})")
+        spans = holes(prefix_end, len(tail), [len(r.tokens) for r in runs], filler)
+        if cancel is not None:
+            cancel.check()
+        used: list[int] = []
+        try:
+            self._hold(prefix_end, spans, used)
+            with self._abortable(cancel):
+                return self._decode_tiled(prefix_end, tail, runs, filler, cancel)
+        finally:
+            for seq in [*used, self.filler_seq]:
+                self.drop(seq)
+
+    def _hold(self, start: int, spans: list[tuple[int, int]], used: list[int]) -> None:
+        """Spacers over the cells from ``start`` to the last span's end (each one's sequence noted in
+        ``used`` once restored), the spans then removed from them: the call's tokens go exactly into
+        the spans."""
+        end = spans[-1][1]
+        for k in range(math.ceil((end - start) / TILE_CELLS)):
+            seq = self.first_spacer + k
+            used.append(seq)
+            self.restore_seq(seq, self.spacer)
+        for a, b in spans:
+            for k in range((a - start) // TILE_CELLS, (b - 1 - start) // TILE_CELLS + 1):
+                base = start + k * TILE_CELLS
+                p0, p1 = max(a, base) - base, min(b, base + TILE_CELLS) - base
+                if not self.lib.llama_memory_seq_rm(self.memory, self.first_spacer + k, p0, p1):
+                    raise EngineFailure(f"llama.cpp could not free cells {p0}..{p1} of spacer {k}")
+
+    def _decode_tiled(
+        self, prefix_end: int, tail: Sequence[int], runs: Sequence[Run], filler: int, cancel: Deadline | None
+    ) -> list[int]:
+        batch, i, rows = self.tiled_batch, 0, []
+
+        def put(token: int, pos: int, seqs: Sequence[int], logits: bool) -> None:
+            nonlocal i
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, len(seqs), logits
+            for j, seq in enumerate(seqs):
+                batch.seq_id[i][j] = seq
+            i += 1
+
+        owners = [PREFIX_SEQ, *(r.seq for r in runs)]
+        for k, token in enumerate(tail):
+            put(token, prefix_end + k, owners, False)
+        for run in runs:
+            for k, token in enumerate(run.tokens):
+                put(token, run.start_pos + k, [run.seq], k == len(run.tokens) - 1)
+            rows.append(i - 1)
+        for k in range(filler):
+            put(self._any_token(), k, [self.filler_seq], False)
+        batch.n_tokens = i
+        rc = self.abi.decode(self.ctx, batch)
+        if rc == DECODE_ABORTED and cancel is not None and cancel.cancelled:
+            raise cancel.error()
+        if rc != 0:
+            raise EngineFailure(
+                f"llama_decode failed with code {rc} in a tiled call at position {prefix_end}"
+            )
+        return rows
+
+    def close(self) -> None:
+        if not self._closed and hasattr(self, "tiled_batch"):
+            self.abi.batch_free(self.tiled_batch)
+        super().close()
