@@ -23,8 +23,10 @@ kernel set, keyed by the scoring version's ``llama_cpp`` part (commit, device, v
   native build) each answer must be within :data:`TOLERANCE` of the reference answer (token counts
   exact), and ``make golden`` on that machine records them exactly.
 
-Three modes: ``invariant`` and ``fixed-split`` with the engine's default settings otherwise, and
-``invariant-flash`` (``SEMIF_FLASH_ATTENTION=true``: pieces padded to flash attention's tiled rows). In
+Four modes: ``invariant`` and ``fixed-split`` with the engine's default settings otherwise,
+``invariant-flash`` (``SEMIF_FLASH_ATTENTION=true``: pieces padded to flash attention's tiled rows) and
+``invariant-tiled`` (``SEMIF_KV_LAYOUT=tiled``: one unified KV stream with flash attention, each
+decision's cells from a tile line). In
 the fixed split llama.cpp's extra weight buffers follow ``SEMIF_CPU_EXTRA_BUFFERS=auto``: repacked
 wherever the loaded kernels have no AMX (the reference kernels everywhere), plain where they do.
 Repacking moves fixed-split answers, so the scoring version names the choice (``xb-on``/``xb-off``), and
@@ -54,13 +56,15 @@ GOLDEN = ROOT / "tests" / "golden"
 REQUESTS = GOLDEN / "requests.json"
 ANSWERS = GOLDEN / "answers.json"
 MODELS = ("gemma", "qwen")
-MODES = ("invariant", "fixed-split", "invariant-flash")
+MODES = ("invariant", "fixed-split", "invariant-flash", "invariant-tiled")
 #: The engine settings of each mode: ``invariant-flash`` is invariant numerics with flash attention on
-#: (every piece padded to its tiled kernel's rows), a configuration of its own scoring version.
+#: (every piece padded to its tiled kernel's rows), ``invariant-tiled`` the tiled KV layout; each a
+#: configuration of its own scoring version.
 MODE_SETTINGS: dict[str, dict[str, Any]] = {
     "invariant": {"numerics": "invariant"},
     "fixed-split": {"numerics": "fixed-split"},
     "invariant-flash": {"numerics": "invariant", "flash_attention": True},
+    "invariant-tiled": {"numerics": "invariant", "kv_layout": "tiled"},
 }
 KERNELS = ("loaded", "reference")
 FORMAT = 2

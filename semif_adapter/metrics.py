@@ -69,9 +69,9 @@ class Metrics:
         self.numerics = Gauge(
             "semif_numerics",
             "1 for the numerics the engine runs (invariant: proven by the probe at load; fixed-split), "
-            "with the shortest safe piece, the filler a run may be padded with and the decisions decoded "
-            "per call",
-            ["mode", "min_piece", "pad_limit", "batch_sequences"],
+            "with the shortest safe piece, the filler a run may be padded with, the decisions decoded "
+            "per call and the KV layout",
+            ["mode", "min_piece", "pad_limit", "batch_sequences", "kv_layout"],
             registry=r,
         )
         self.scoring = Gauge(
@@ -100,8 +100,10 @@ class Metrics:
     def record_scoring(self, parts: dict[str, str]) -> None:
         self.scoring.labels(**parts).set(1)
 
-    def record_numerics(self, mode: str, min_piece: int, pad_limit: int, batch_sequences: int) -> None:
-        self.numerics.labels(mode, str(min_piece), str(pad_limit), str(batch_sequences)).set(1)
+    def record_numerics(
+        self, mode: str, min_piece: int, pad_limit: int, batch_sequences: int, kv_layout: str = "streams"
+    ) -> None:
+        self.numerics.labels(mode, str(min_piece), str(pad_limit), str(batch_sequences), kv_layout).set(1)
 
     def record_prefill(self, prefix_tokens: int, reused_tokens: int) -> None:
         self.prefill_tokens.inc(prefix_tokens - reused_tokens)

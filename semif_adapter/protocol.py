@@ -155,6 +155,11 @@ class ModelInfo(BaseModel):
         description="Invariant numerics: the filler tokens a run may be padded with to share a decode call "
         "with longer ones (0: the probe did not prove padding safe, or the fixed split).",
     )
+    kv_layout: str = Field(
+        default="streams",
+        description="Invariant numerics' KV layout: streams (one KV stream per sequence) or tiled (one "
+        "unified stream with flash attention, each decision's cells from a 64-cell tile line).",
+    )
     batch_sequences: int = Field(
         default=1, description="Decisions decoded together in one llama_decode call."
     )

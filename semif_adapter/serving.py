@@ -111,7 +111,11 @@ class DecisionService:
         self.metrics.ready.set(1)
         info = self.engine.model_info
         self.metrics.record_numerics(
-            info.numerics, info.numerics_min_piece, info.numerics_pad_limit, info.batch_sequences
+            info.numerics,
+            info.numerics_min_piece,
+            info.numerics_pad_limit,
+            info.batch_sequences,
+            info.kv_layout,
         )
         self.metrics.record_scoring(info.scoring.model_dump())
         self.metrics.record_kernels(info.kernels.model_dump())
@@ -129,6 +133,7 @@ class DecisionService:
                 "numerics_reason": info.numerics_reason,
                 "numerics_pad_limit": info.numerics_pad_limit,
                 "batch_sequences": info.batch_sequences,
+                "kv_layout": info.kv_layout,
                 "max_batch_requests": info.max_batch_requests,
                 "scoring_version": info.scoring.version,
                 "scoring": info.scoring.model_dump(),

@@ -68,6 +68,13 @@ class EngineSettings(BaseSettings):
         "its CPU kernel's 64-row tile (fewer rows take a per-row path with other numbers), as the probe "
         "proves at load; attention-only models only (hybrid and recurrent ones keep the fixed split).",
     )
+    kv_layout: Literal["streams", "tiled"] = Field(
+        default="streams",
+        description="Invariant numerics' KV layout: streams = one KV stream per sequence (flash attention "
+        "as SEMIF_FLASH_ATTENTION says); tiled = ONE unified stream with flash attention, each decision's "
+        "cells from a 64-cell tile line (no per-sequence padding; attention-only models, proven by its own "
+        "probe at load, else the streams layout). One request per call in this layout.",
+    )
     cpu_extra_buffers: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="llama.cpp's extra weight buffers (repacking; AMX on CPUs that advertise it) in the "

@@ -145,6 +145,16 @@ def qwen_flash_engine(qwen_gguf: Path) -> Iterator[DecisionEngine]:
 
 
 @pytest.fixture(scope="session")
+def gemma_tiled_engine(gemma_gguf: Path) -> Iterator[DecisionEngine]:
+    yield from _loaded(gemma_gguf, kv_layout="tiled")
+
+
+@pytest.fixture(scope="session")
+def qwen_tiled_engine(qwen_gguf: Path) -> Iterator[DecisionEngine]:
+    yield from _loaded(qwen_gguf, kv_layout="tiled")
+
+
+@pytest.fixture(scope="session")
 def hybrid_engine(hybrid_gguf: Path) -> Iterator[DecisionEngine]:
     yield from _loaded(hybrid_gguf)
 
@@ -170,7 +180,7 @@ def engine(request: pytest.FixtureRequest) -> DecisionEngine:
 @pytest.fixture(scope="session", params=numerics_engines())
 def numerics_engine(request: pytest.FixtureRequest) -> DecisionEngine:
     """The bit-identity tests' engines: those of ``engine`` and the real models with flash attention on
-    (pieces padded to its tiled rows); ``SEMIF_TEST_ENGINES`` changes the list."""
+    (pieces padded to its tiled rows, and the tiled layout); ``SEMIF_TEST_ENGINES`` changes the list."""
     return request.getfixturevalue(f"{request.param}_engine")
 
 

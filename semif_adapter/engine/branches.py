@@ -4,8 +4,10 @@ In the fixed split each suffix gets a call of its own on a copy of sequence 0 (o
 restored after, where a copy does not reproduce the prefix state). In invariant numerics the decisions
 of a request are decoded together, each in a KV stream of its own, the prefix's tail in one decision's
 call (the others read it from sequence 0 after), calls shaped so that no sequence gets a short piece and,
-where the probe allows it, runs of nearly one length padded to one (``calls``). The readout takes the
-option labels' logits from the vocabulary row and checks the row is finite.
+where the probe allows it, runs of nearly one length padded to one (``calls``). In the tiled layout
+(``tile_layout``: one unified KV stream, flash attention) they share calls with the prefix's tail, each
+from a KV tile line (:meth:`Branches.decode_tiled`). The readout takes the option labels' logits from
+the vocabulary row and checks the row is finite.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from semif_adapter.engine.deadline import Deadline
 from semif_adapter.engine.llama_backend import BRANCH_SEQ, PREFIX_SEQ, LlamaRuntime, Part
 from semif_adapter.engine.planner import Planned
 from semif_adapter.engine.prefill import Prefill
+from semif_adapter.engine.tile_layout import Run, TiledRuntime
 from semif_adapter.errors import EngineFailure
 
 # Invariant numerics: a prefix tail this short (times the other decisions) is decoded in every decision's
@@ -77,7 +80,9 @@ class Branches:
         shifted = logits.astype(np.float64)
         shifted -= peak
         np.exp(shifted, out=shifted)
-        mass = float(np.exp(selected - peak).sum() / shifted.sum())
+        # a diagnostic, kept to float32's precision: numpy's exp kernel follows the CPU (AVX-512 or
+        # libm's) and moves the float64 sum's last bits (``calibration.portable_softmax``)
+        mass = float(np.float32(np.exp(selected - peak).sum() / shifted.sum()))
         return Readout(selected, mass, top)
 
     def decode_alone(
@@ -113,7 +118,10 @@ class Branches:
         agent's turn of two decisions is two passes over the weights (its event with one suffix, the
         other suffix), not three. Elsewhere (a recurrent state cannot drop a tail) the prefix is copied
         into one stream per decision, a short tail decoded in each of them, a long one once before.
+        The tiled layout plans its own calls (:meth:`decode_tiled`).
         """
+        if isinstance(self.runtime, TiledRuntime):
+            return self.decode_tiled(prefix_tokens, planned, cuts, cancel)
         runtime, n = self.runtime, len(prefix_tokens)
         t0 = time.perf_counter()
         kept = self.prefill.keeps(prefix_tokens, cuts)
@@ -151,6 +159,70 @@ class Branches:
         # the tail again, in its decisions' calls
         self.prefill.keep(prefix_tokens, cuts, tail_at)
         return prefill_seconds, reused_tokens, forwards
+
+    def decode_tiled(
+        self, prefix_tokens: list[int], planned: list[Planned], cuts: Cuts, cancel: Deadline | None
+    ) -> Decoded:
+        """The tiled layout (``tile_layout``): the prefix up to its tail as the prefill plans it, then the
+        decisions in tiled calls of at most ``decisions`` runs and ``n_batch`` rows (``tiled_calls``), the
+        tail riding in the first where it fits (else decoded before, on sequence 0 alone: the same cells
+        and numbers). A suffix longer than one call is decoded on sequence 0 itself, after the whole
+        prefix, and dropped: alone or not, it always takes that path. Sequence 0 keeps the whole prefix,
+        and its state at the prefix's end is filed once the tail is in (``Prefill.file_end``)."""
+        runtime, n = self.runtime, len(prefix_tokens)
+        assert isinstance(runtime, TiledRuntime)
+        t0 = time.perf_counter()
+        kept = self.prefill.keeps(prefix_tokens, cuts)
+        reused_tokens, tail_at, held = self.prefill.fill_shared(prefix_tokens, cuts, cancel, hold_end=True)
+        tail = prefix_tokens[tail_at:]
+        lengths = [len(p.suffix_tokens) for p in planned]
+        rides, calls, long_runs = tiled_calls(len(tail), lengths, runtime.n_batch, runtime.decisions)
+        if tail and not rides:
+            self.decode_run(tail, tail_at, PREFIX_SEQ, cancel)
+            tail, tail_at = [], n
+            if held is not None:
+                self.prefill.file_end(prefix_tokens, cuts, held)
+        prefill_seconds = 0.0 if kept else time.perf_counter() - t0
+        forwards: list[tuple[Readout, float] | None] = [None] * len(planned)
+        for call in calls:
+            seqs = list(range(1, 1 + len(call)))
+            for seq in seqs:
+                runtime.fork(PREFIX_SEQ, seq)
+            try:
+                runs = [Run(planned[i].suffix_tokens, n, q) for i, q in zip(call, seqs, strict=True)]
+                t = time.perf_counter()
+                rows = runtime.decode_tiled(tail_at, tail, runs, cancel)
+                elapsed, tokens = time.perf_counter() - t, sum(lengths[i] for i in call)
+                for i, row in zip(call, rows, strict=True):
+                    readout = self.read(planned[i].label_ids, runtime.logits_at(row))
+                    forwards[i] = (readout, elapsed * lengths[i] / tokens)
+            finally:
+                for seq in seqs:
+                    runtime.drop(seq)
+            if tail:  # sequence 0 now holds the whole prefix
+                tail, tail_at = [], n
+                if held is not None:
+                    self.prefill.file_end(prefix_tokens, cuts, held)
+        for i in long_runs:
+            forwards[i] = self.decode_on_prefix(planned[i], n, cancel)
+        self.prefill.keep(prefix_tokens, cuts, n)
+        return prefill_seconds, reused_tokens, [f for f in forwards if f is not None]
+
+    def decode_on_prefix(self, plan: Planned, n: int, cancel: Deadline | None) -> tuple[Readout, float]:
+        """A suffix on sequence 0 itself, after its whole prefix of ``n`` tokens, in calls of sequence 0
+        alone; its cells are dropped after."""
+        runtime, tokens = self.runtime, plan.suffix_tokens
+        t = time.perf_counter()
+        try:
+            spans = self.spans(len(tokens), n)
+            for a, b in spans[:-1]:
+                runtime.decode_parts([Part(tokens[a:b], n + a, PREFIX_SEQ, False)], cancel)
+            a, _ = spans[-1]
+            (row,) = runtime.decode_parts([Part(tokens[a:], n + a, PREFIX_SEQ)], cancel)
+            readout = self.read(plan.label_ids, runtime.logits_at(row))
+        finally:
+            runtime.drop(PREFIX_SEQ, n)
+        return readout, time.perf_counter() - t
 
     def rider(self, suffix_lengths: list[int], start: int) -> int:
         """Which decision decodes the prefix's tail with its suffix: the one that leaves the others the
@@ -245,3 +317,25 @@ class Branches:
         ends = None if runtime.min_rows else [start + s[-1][0] + n for s, n in zip(spans, lasts, strict=True)]
         limit, least, pad_limit = runtime.n_batch, self.prefill.min_piece, self.prefill.pad_limit
         return spans, lasts, group_calls(lasts, limit, least, width, pad_limit, ends)
+
+
+def tiled_calls(
+    tail: int, lengths: list[int], n_batch: int, width: int
+) -> tuple[bool, list[list[int]], list[int]]:
+    """How the tiled layout decodes runs of ``lengths`` tokens after a prefix tail of ``tail`` tokens:
+    whether the tail rides in the first call, the calls (runs in order, at most ``width`` a call, their
+    rows and a riding tail at most ``n_batch``) and the runs too long for any call (decoded one by one on
+    sequence 0). Filler and tile gaps take no rows of the budget: ``TiledRuntime`` adds them."""
+    long_runs = [i for i, length in enumerate(lengths) if length > n_batch]
+    short = [i for i, length in enumerate(lengths) if length <= n_batch]
+    rides = bool(tail and short and tail + lengths[short[0]] <= n_batch)
+    calls: list[list[int]] = []
+    rows = 0
+    for i in short:
+        budget = n_batch - (tail if rides and len(calls) == 1 else 0)
+        if not calls or len(calls[-1]) >= width or rows + lengths[i] > budget:
+            calls.append([])
+            rows = 0
+        calls[-1].append(i)
+        rows += lengths[i]
+    return rides, calls, long_runs

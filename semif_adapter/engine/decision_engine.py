@@ -19,7 +19,10 @@ That is the **fixed split**. Where the probe at load proves llama.cpp's kernels 
 library and model loaded (``numerics``), the engine runs **invariant** instead: the decisions of a
 request are decoded together, each on a copy of the prefix in a KV stream of its own, the prefix's tail
 in their call, and calls are planned so that no sequence gets a short piece (``calls``); the answers are
-then bit-identical however the tokens were grouped.
+then bit-identical however the tokens were grouped. With ``SEMIF_KV_LAYOUT=tiled`` the invariant context
+is one unified KV stream with flash attention instead, each decision's cells from a KV tile line
+(``tile_layout``), proven by a probe of its own; where that probe fails or the memory cannot take the
+layout, the engine loads the stream layout and probes that.
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ from semif_adapter.engine.prompt import PROMPT_VERSION, Scaffold
 from semif_adapter.engine.request_batches import RequestBatches
 from semif_adapter.engine.results import ResultBuilder
 from semif_adapter.engine.shared_calls import SharedCalls
+from semif_adapter.engine.tile_layout import TiledRuntime
 from semif_adapter.errors import ModelLoadError, SemifError
-from semif_adapter.model.calibration import Calibration, apply_temperature, find_calibration, stale_reason
+from semif_adapter.model.calibration import Calibration, find_calibration, portable_softmax, stale_reason
 from semif_adapter.model.identity import model_sha256
 from semif_adapter.model.manifest import verify_model_file
 from semif_adapter.protocol import (
@@ -113,6 +117,7 @@ class DecisionEngine:
             )
         self.verdict = verdict or probes.numerics_verdict(self.planner, self.prefill, settings, gguf_path)
         self.invariant = self.verdict.invariant and runtime.invariant
+        self.tiled = self.invariant and isinstance(runtime, TiledRuntime)
         self.min_piece = self.verdict.min_piece or 1
         self.prefill.pad_limit = self.verdict.pad_limit if self.invariant else 0
         self.prefix_cache.reuse_at_any_token(self.invariant)
@@ -142,19 +147,8 @@ class DecisionEngine:
             # an unverified model is hashed beside the model load (hashlib lets go of the GIL)
             identity = hashing.submit(model_sha256, Path(path)) if sha256 is None else None
 
-            def build(invariant: bool, verdict: Verdict | None) -> DecisionEngine:
-                runtime = LlamaRuntime(
-                    path,
-                    n_ctx=settings.n_ctx,
-                    n_batch=settings.n_batch,
-                    n_threads=settings.n_threads,
-                    n_gpu_layers=settings.n_gpu_layers,
-                    abi_record=settings.llama_abi_record,
-                    invariant=invariant,
-                    n_seq_max=1 + settings.batch_sequences,
-                    flash_attention=settings.flash_attention,
-                    extra_buffers=settings.cpu_extra_buffers,
-                )
+            def build(invariant: bool, verdict: Verdict | None, tiled: bool = False) -> DecisionEngine:
+                runtime = _runtime(Path(path), settings, invariant, tiled)
                 try:
                     known = sha256 if identity is None else identity.result()
                     return cls(
@@ -168,6 +162,16 @@ class DecisionEngine:
             preset = unprobed_verdict(settings.numerics, gpu_device_present())
             if preset is not None:
                 return build(False, preset)
+            if settings.kv_layout == "tiled" and settings.n_gpu_layers == 0:
+                try:
+                    engine = build(True, None, tiled=True)
+                except ModelLoadError as exc:
+                    log.warning("kv layout: the stream layout (%s)", exc)
+                else:
+                    if engine.invariant:
+                        return engine
+                    log.warning("kv layout: the stream layout (%s)", engine.verdict.reason)
+                    engine.close()
             engine = build(True, None)
             if engine.invariant:
                 return engine
@@ -224,8 +228,9 @@ class DecisionEngine:
 
     @property
     def max_batch_requests(self) -> int:
-        """Requests :meth:`score_many` decodes together: the setting in invariant numerics, else 1."""
-        return self.settings.max_batch_requests if self.invariant else 1
+        """Requests :meth:`score_many` decodes together: the setting in invariant numerics' stream layout,
+        else 1 (the tiled layout has no region per request yet: one request per call)."""
+        return self.settings.max_batch_requests if self.invariant and not self.tiled else 1
 
     def close(self) -> None:
         self.runtime.close()
@@ -290,8 +295,7 @@ class DecisionEngine:
             if found is not None:
                 temperature, key = found
                 applied = CalibrationApplied(temperature=temperature, key=key)
-        probabilities = apply_temperature(option_logits, temperature)
-        return [float(p) for p in probabilities], applied
+        return portable_softmax(option_logits.tolist(), temperature), applied
 
     # --- what fixes the numbers -------------------------------------------------------------------
     def _scoring_parts(self) -> scoring.ScoringParts:
@@ -299,6 +303,8 @@ class DecisionEngine:
         planning of the reference requests, its numerics and the library loaded."""
         runtime = self.runtime
         attention = ("fa-on" if self.settings.flash_attention else "fa-off") if self.invariant else "fa-auto"
+        if self.tiled:
+            attention = "fa-tiled"
         return scoring.ScoringParts(
             prompt=scoring.prompt_part(PROMPT_VERSION, self.planner.reference_text),
             split=scoring.split_part(self.planner.reference_plan),
@@ -354,11 +360,39 @@ class DecisionEngine:
             numerics_reason=self.verdict.reason,
             numerics_min_piece=self.verdict.min_piece if self.invariant else 0,
             numerics_pad_limit=self.prefill.pad_limit,
+            kv_layout="tiled" if self.tiled else "streams",
             batch_sequences=runtime.n_seq_max - 1 if self.invariant else 1,
             max_batch_requests=self.max_batch_requests,
             scoring=ScoringVersion(**self.scoring.as_dict()),
             kernels=_kernels_of(self.runtime),
         )
+
+
+def _runtime(path: Path, settings: EngineSettings, invariant: bool, tiled: bool) -> LlamaRuntime:
+    """The context the settings ask for: the tiled layout's (``tile_layout``; CPU only, a GPU backend
+    keeps the fixed split before any load, ``numerics.unprobed_verdict``), or the stream layout's, in
+    the invariant configuration or the fixed split's."""
+    if tiled:
+        return TiledRuntime(
+            path,
+            n_ctx=settings.n_ctx,
+            n_batch=settings.n_batch,
+            n_threads=settings.n_threads,
+            n_seq_max=1 + settings.batch_sequences,
+            abi_record=settings.llama_abi_record,
+        )
+    return LlamaRuntime(
+        path,
+        n_ctx=settings.n_ctx,
+        n_batch=settings.n_batch,
+        n_threads=settings.n_threads,
+        n_gpu_layers=settings.n_gpu_layers,
+        abi_record=settings.llama_abi_record,
+        invariant=invariant,
+        n_seq_max=1 + settings.batch_sequences,
+        flash_attention=settings.flash_attention,
+        extra_buffers=settings.cpu_extra_buffers,
+    )
 
 
 def _kernels_of(runtime: LlamaRuntime) -> CpuKernels:

@@ -19,6 +19,11 @@ all: :func:`unprobed_verdict` keeps the fixed split there (:data:`GPU_BACKEND_RE
 * **fixed-split**: some way differed (the reason names it). Every prompt is decoded in the same chunks,
   each decision's suffix in a call of its own, which keeps answers bit-identical at some cost in speed.
 
+The **tiled layout** (``SEMIF_KV_LAYOUT=tiled``, ``tile_layout``) is invariant by another argument:
+one unified KV stream with flash attention, every decision's cells from a 64-cell tile line.
+:func:`probe_tiled` decodes the probe prompt its own ways on that runtime; where a way moves a bit (a
+build whose flash-attention tiles are not 64 cells, say), the engine falls back to the stream layout.
+
 The verdict is kept per library build, model file and configuration (``VerdictCache``), so a restart
 of the same image on the same model skips the probe.
 """
@@ -37,7 +42,8 @@ from typing import Any
 import numpy as np
 
 from semif_adapter.engine.calls import PIECE_CANDIDATES, pieces, shares_safely
-from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime, Part
+from semif_adapter.engine.llama_backend import FLASH_TILE_ROWS, PREFIX_SEQ, LlamaRuntime, Part
+from semif_adapter.engine.tile_layout import Run, TiledRuntime
 from semif_adapter.errors import ModelLoadError
 from semif_adapter.user_cache import cache_folder
 
@@ -398,3 +404,95 @@ class VerdictCache:
             tmp.replace(self.folder / f"{key}.json")
         except OSError as exc:  # a read-only home (a locked-down container) only costs the next start a probe
             log.info("numerics verdict not cached (%s)", exc)
+
+
+class _TiledDecoder:
+    """The tiled probe's moves: sequence 0 holds the prefix (its tail decoded as asked), decisions run
+    through ``TiledRuntime.decode_tiled``."""
+
+    def __init__(self, runtime: TiledRuntime, prefix: Sequence[int], tail: int) -> None:
+        self.runtime, self.prefix = runtime, list(prefix)
+        self.tail_at = len(self.prefix) - tail
+        runtime.clear(wipe=False)
+        runtime.decode(self.prefix[: self.tail_at], 0, PREFIX_SEQ, False)
+        self.head_state = runtime.save_seq(PREFIX_SEQ)
+
+    def runs(
+        self, suffixes: Sequence[Sequence[int]], seqs: Sequence[int], tail_calls: Sequence[int] | None
+    ) -> list[np.ndarray]:
+        """Each suffix on its sequence of ``seqs``, all in ONE tiled call; the prefix's tail decoded
+        before in calls of ``tail_calls`` tokens, or (None) in that call. Logits of each suffix's end."""
+        runtime, n = self.runtime, len(self.prefix)
+        runtime.restore_seq(PREFIX_SEQ, self.head_state)
+        at = self.tail_at
+        for size in tail_calls or ():
+            runtime.decode_parts([Part(self.prefix[at : at + size], at, PREFIX_SEQ, False)])
+            at += size
+        if tail_calls is not None and at != n:
+            raise ValueError("the tail's calls do not cover the tail")
+        for seq in seqs:
+            runtime.fork(PREFIX_SEQ, seq)
+        try:
+            runs = [Run(list(s), n, q) for s, q in zip(suffixes, seqs, strict=True)]
+            rows = runtime.decode_tiled(at, self.prefix[at:], runs)
+            return [runtime.logits_at(r).copy() for r in rows]
+        finally:
+            for seq in seqs:
+                runtime.drop(seq)
+
+
+def probe_tiled(runtime: TiledRuntime, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]) -> Verdict:
+    """Decode ``prefix`` and ``suffixes`` several ways on a tiled-layout ``runtime``; invariant only when
+    all agree bit for bit with each suffix decoded alone after the whole prefix.
+
+    The ways: suffixes in one call (shortest first, longest first, on the last decision sequences), the
+    prefix's tail in the suffixes' call, the tail in a call of one token and one of the rest (sequence
+    0's calls are padded to 64 rows); the shortest suffix is under 64 rows, so alone it takes filler.
+    The prefill's other splits are covered by the same argument as the tail's: every row of a
+    tiled-path call is computed on its own.
+    """
+    tail = PROBE_TAIL
+    if len(prefix) < 2 * tail:
+        raise ValueError(f"the probe's prefix needs {2 * tail} tokens or more")
+    fits = sorted((list(s) for s in suffixes if len(s) + tail <= runtime.n_batch), key=len)
+    width = min(3, runtime.decisions)
+    if len(fits) < 2 or width < 2:
+        return Verdict(FIXED_SPLIT, "tiled layout: the probe needs two decisions in one call")
+    use = [fits[0], fits[len(fits) // 2], fits[-1]][:width]
+    while sum(map(len, use)) + tail > runtime.n_batch:
+        use.pop()
+    if len(use) < 2:
+        return Verdict(FIXED_SPLIT, "tiled layout: the probe's suffixes do not fit one call")
+    checks: dict[str, float] = {}
+    try:
+        decoder = _TiledDecoder(runtime, prefix, tail)
+        whole = (tail,)
+        alone = [decoder.runs([s], [1], whole)[0] for s in use]
+
+        def gap(got: Sequence[np.ndarray], order: Sequence[int]) -> float:
+            return max(_gap(g, alone[i]) for g, i in zip(got, order, strict=True))
+
+        forward = list(range(len(use)))
+        backward = forward[::-1]
+        checks["suffixes in one call"] = gap(decoder.runs(use, [1 + i for i in forward], whole), forward)
+        checks["suffixes in one call, longest first"] = gap(
+            decoder.runs([use[i] for i in backward], [1 + k for k in forward], whole), backward
+        )
+        last = [runtime.decisions - k for k in forward]
+        checks["suffixes on the last decision sequences"] = gap(decoder.runs(use, last, whole), forward)
+        checks["prefix tail in a suffix's call"] = gap(decoder.runs([use[-1]], [1], None), [len(use) - 1])
+        checks["prefix tail in the suffixes' call"] = gap(
+            decoder.runs(use, [1 + i for i in forward], None), forward
+        )
+        checks["prefix tail in calls of 1 and 47 tokens"] = gap(
+            decoder.runs([use[0]], [1], (1, tail - 1)), [0]
+        )
+    finally:
+        runtime.clear(wipe=True)
+    moved = {name: g for name, g in checks.items() if g != 0.0}
+    if moved:
+        reason = f"tiled layout: logits moved (max |Δ| {max(moved.values()):.3g}) with: " + "; ".join(moved)
+        return Verdict(FIXED_SPLIT, reason, checks)
+    reason = f"tiled layout: {len(checks)} ways of decoding the probe gave bit-identical logits"
+    # any piece is safe (sequence 0's calls are padded to the tiled rows); pieces of 64+ spare padding
+    return Verdict(INVARIANT, reason, checks, FLASH_TILE_ROWS)

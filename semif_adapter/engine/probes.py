@@ -17,9 +17,10 @@ import numpy as np
 
 from semif_adapter.engine.branches import Branches
 from semif_adapter.engine.calls import PIECE_CANDIDATES
-from semif_adapter.engine.numerics import FIXED_SPLIT, Verdict, VerdictCache, probe
+from semif_adapter.engine.numerics import FIXED_SPLIT, Verdict, VerdictCache, probe, probe_tiled
 from semif_adapter.engine.planner import Planner
 from semif_adapter.engine.prefill import Prefill
+from semif_adapter.engine.tile_layout import TiledRuntime
 from semif_adapter.errors import EngineFailure, SemifError
 from semif_adapter.protocol import Decision
 from semif_adapter.settings import EngineSettings
@@ -125,7 +126,7 @@ def numerics_verdict(
         return Verdict(FIXED_SPLIT, "sequence copy does not reproduce this model's prefix state")
     cache = VerdictCache.default() if settings.numerics_probe_cache else VerdictCache(None)
     library = getattr(getattr(runtime.lib.llama_cpp, "_lib", None), "_name", None)
-    config = {
+    config: dict[str, int | str] = {
         "n_threads": settings.n_threads,
         "n_batch": runtime.n_batch,
         "n_gpu_layers": settings.n_gpu_layers,
@@ -133,6 +134,8 @@ def numerics_verdict(
         "flash_attention": settings.flash_attention,
         "n_ctx": runtime.n_ctx,
     }
+    if isinstance(runtime, TiledRuntime):
+        config["kv_layout"] = "tiled"
     key = VerdictCache.key(Path(library) if library else None, gguf_path, config)
     verdict = cache.get(key)
     if verdict is None:
@@ -147,7 +150,10 @@ def numerics_verdict(
             )
         else:
             started = time.perf_counter()
-            verdict = probe(runtime, prefix, suffixes)
+            if isinstance(runtime, TiledRuntime):
+                verdict = probe_tiled(runtime, prefix, suffixes)
+            else:
+                verdict = probe(runtime, prefix, suffixes)
             log.info(
                 "numerics probe: %s in %.2f s (%s)",
                 verdict.mode,

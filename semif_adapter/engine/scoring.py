@@ -37,7 +37,7 @@ from semif_adapter.engine.kernels import cpu_features, cpu_variant
 #: Revision of the split rule beyond what the derived hash sees; bump when a change moves answers.
 SPLIT_REVISION = "s1"
 #: Revision of the decode plan and the readout (label logits, softmax); bump when a change moves answers.
-NUMERICS_REVISION = "n1"
+NUMERICS_REVISION = "n2"
 SCORING_PREFIX = "sv1-"
 
 # The decisions the derived parts are computed from: a short plain state, a plain state long enough for

@@ -1,8 +1,9 @@
 """Flash attention without padding: one unified KV stream, each decision's own cells from a KV tile line.
 
-Not yet a numerics mode of the engine (``docs/design.md``, "Next: flash attention in one unified
-stream"); ``benchmarks/tile_aligned_flash.py`` measures it and ``tests/engine/test_tile_layout.py``
-proves it bit for bit on the test models.
+The runtime of invariant numerics' tiled layout (``SEMIF_KV_LAYOUT=tiled``): ``numerics.probe_tiled``
+proves it on the loaded library and model at start-up, ``Branches.decode_tiled`` plans its calls,
+``benchmarks/tile_aligned_flash.py`` measures it and ``tests/engine/test_tile_layout.py`` proves it bit
+for bit on the test models.
 
 Why it is invariant. ggml-cpu's flash attention takes a tiled F32 path when a KV stream brings
 ``FLASH_TILE_ROWS`` (64) or more query rows to a call, and a per-row F16 path below that. The tiled path
@@ -21,11 +22,16 @@ the call's tokens then removed from them (which moves the head back to the first
 fewer than 64 rows gets filler rows on a sequence of their own. Spacers and filler are dropped after the
 call; nothing but sequence 0 and its copies may hold cells at or past the prefix's end when a call
 starts. Recurrent and hybrid memory cannot remove part of a sequence, so they are refused.
+
+Calls on sequence 0 alone (the prefill, a suffix too long for one tiled call) go through
+:meth:`LlamaRuntime.decode_parts`, padded to ``FLASH_TILE_ROWS`` rows past their end (``min_rows``):
+their cells follow sequence 0's, contiguous from cell 0, as in a tiled call's prefix.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +79,16 @@ class TiledRuntime(LlamaRuntime):
     ``n_seq_max - 1`` decisions at once; ``n_ctx`` cells for the prefix, plus room for one call's runs,
     their tile gaps and filler."""
 
-    def __init__(self, path: Path, *, n_ctx: int, n_batch: int, n_threads: int, n_seq_max: int = 5) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        n_ctx: int,
+        n_batch: int,
+        n_threads: int,
+        n_seq_max: int = 5,
+        abi_record: Path | None = None,
+    ) -> None:
         if n_batch < FLASH_TILE_ROWS:
             raise ModelLoadError(f"a tiled layout needs n_batch >= {FLASH_TILE_ROWS}, not {n_batch}")
         self.decisions = n_seq_max - 1
@@ -86,11 +101,14 @@ class TiledRuntime(LlamaRuntime):
             n_batch=n_batch,
             n_threads=n_threads,
             n_gpu_layers=0,
+            abi_record=abi_record,
             invariant=True,
             n_seq_max=n_seq_max,
             flash_attention=True,
         )
-        self.min_rows = 0  # rows are counted per call here, not per sequence
+        # sequence 0's own calls (the prefill) are padded past their end to the tiled path's rows; a
+        # tiled call counts its rows over all its sequences and adds filler of its own
+        self.min_rows = FLASH_TILE_ROWS
         self.n_seq_max = n_seq_max  # the prefix and the decisions; spacers and filler come after
         try:
             if self.is_recurrent or self.is_hybrid:
@@ -199,6 +217,7 @@ class TiledRuntime(LlamaRuntime):
         for k in range(filler):
             put(self._any_token(), k, [self.filler_seq], False)
         batch.n_tokens = i
+        started = time.perf_counter()
         rc = self.abi.decode(self.ctx, batch)
         if rc == DECODE_ABORTED and cancel is not None and cancel.cancelled:
             raise cancel.error()
@@ -206,6 +225,8 @@ class TiledRuntime(LlamaRuntime):
             raise EngineFailure(
                 f"llama_decode failed with code {rc} in a tiled call at position {prefix_end}"
             )
+        if cancel is not None:
+            cancel.advance(i, time.perf_counter() - started)
         return rows
 
     def close(self) -> None:

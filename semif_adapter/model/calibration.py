@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -166,6 +167,28 @@ def apply_temperature(logits: np.ndarray, t: float) -> np.ndarray:
     shifted = scaled - scaled.max(axis=-1, keepdims=True)
     exp = np.exp(shifted)
     return np.asarray(exp / exp.sum(axis=-1, keepdims=True))
+
+
+def portable_softmax(logits: Sequence[float], t: float = 1.0) -> list[float]:
+    """``softmax(logits / t)`` of one decision, the same to the last bit on every CPU: each term by libm's
+    scalar ``exp`` (``math.exp``), the sum exactly rounded (``math.fsum``).
+
+    Served probabilities go through here, not :func:`apply_temperature`: numpy picks its ``exp`` kernel by
+    the CPU (an AVX-512 one where the CPU has it, libm's elsewhere), and the two differ in the last bit, so
+    the same logits gave other probabilities on an AVX2-only machine than on the AVX-512 machines that
+    recorded the golden answers (up to 6.9e-18). A decision has at most a few hundred options: the scalar
+    loop costs microseconds."""
+    if not (math.isfinite(t) and t > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {t!r}")
+    scaled = [float(x) / t for x in logits]
+    if not scaled:
+        raise ValueError("logits must have at least one entry")
+    if not all(math.isfinite(x) for x in scaled):
+        raise ValueError("logits must be finite")
+    peak = max(scaled)
+    terms = [math.exp(x - peak) for x in scaled]
+    total = math.fsum(terms)
+    return [term / total for term in terms]
 
 
 def find_calibration(model_dir: Path | None, explicit_path: Path | None) -> Path | None:

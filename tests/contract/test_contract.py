@@ -157,6 +157,17 @@ def test_the_cpu_kernels_are_reported_and_never_the_amx_buffer_type(http: httpx.
         assert f'{label}="{value}"' in lines[0], lines
 
 
+def test_the_numerics_and_the_kv_layout_are_reported(http: httpx.Client) -> None:
+    """model.numerics and model.kv_layout say how answers are made invariant; /metrics says the same."""
+    model = http.post("/invocations", json={"decision": ROUTING}).json()["result"]["model"]
+    assert model["numerics"] in ("invariant", "fixed-split") and model["kv_layout"] in ("streams", "tiled")
+    lines = [x for x in http.get("/metrics").text.splitlines() if x.startswith("semif_numerics{")]
+    assert len(lines) == 1 and lines[0].endswith(" 1.0"), lines
+    for label in ("numerics", "kv_layout"):
+        name = "mode" if label == "numerics" else label
+        assert f'{name}="{model[label]}"' in lines[0], lines
+
+
 @pytest.mark.parametrize(
     ("method", "path", "kwargs", "status", "kind"),
     [

@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from semif_adapter.engine import DecisionEngine, decision_engine, llama_backend, probes
+from semif_adapter.engine import DecisionEngine, decision_engine, llama_backend, probes, tile_layout
+from semif_adapter.engine.branches import tiled_calls
 from semif_adapter.engine.calls import (
     KV_CELL_ROUNDING,
     SHARED_CALL_CELLS,
@@ -269,6 +270,11 @@ def test_the_mode_follows_from_what_the_probe_measured(numerics_engine: Decision
         proven = {n: g for n, g in verdict.checks.items() if not n.startswith(("pieces of ", PADDED))}
         assert proven and all(gap == 0.0 for gap in proven.values())
         assert info.batch_sequences == engine.runtime.n_seq_max - 1 >= 2
+        if engine.tiled:  # its own probe: no piece search, no padding (filler is the runtime's)
+            assert info.kv_layout == "tiled" and verdict.reason.startswith("tiled layout: ")
+            assert verdict.pad_limit == info.numerics_pad_limit == 0 and info.max_batch_requests == 1
+            return
+        assert info.kv_layout == "streams"
         padding = [g for n, g in verdict.checks.items() if n.startswith(PADDED)]
         assert padding  # the padding checks ran; padding is used exactly when they all agreed
         assert verdict.pad_limit == (2 * verdict.min_piece if all(g == 0.0 for g in padding) else 0)
@@ -288,6 +294,38 @@ def test_the_real_models_run_invariant_on_this_cpu(request: pytest.FixtureReques
         assert engine.scoring.numerics.startswith(f"invariant.p{FLASH_TILE_ROWS}.fa-on.")
     else:
         assert engine.runtime.min_rows == 0 and ".fa-off." in engine.scoring.numerics
+
+
+def test_a_tiled_layout_that_is_not_invariant_falls_back_to_streams(
+    gemma_gguf: Path, hybrid_gguf: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The tiled layout's probe must see a layout whose lines are not the kernel's tiles (16-cell lines:
+    a decision's cells then sit elsewhere against the 64-cell tiles beside others than alone) and the
+    engine load the stream layout instead; hybrid memory cannot take the layout at all."""
+    monkeypatch.setattr(tile_layout, "TILE_CELLS", 16)
+    settings = engine_settings(n_ctx=1024, kv_layout="tiled", numerics_probe_cache=False)
+    engine = DecisionEngine.load(settings, gemma_gguf)
+    try:
+        assert not engine.tiled and engine.model_info.kv_layout == "streams"
+        assert engine.model_info.numerics == INVARIANT and ".fa-off." in engine.scoring.numerics
+    finally:
+        engine.close()
+    monkeypatch.undo()
+    hybrid = DecisionEngine.load(settings, hybrid_gguf)
+    try:
+        assert not hybrid.tiled and hybrid.model_info.kv_layout == "streams"
+    finally:
+        hybrid.close()
+
+
+def test_tiled_calls_keep_to_the_batch_and_the_sequences() -> None:
+    """The tail rides in the first call where it fits with its first run; runs fill calls in order up to
+    ``width`` runs and ``n_batch`` rows; a run longer than a call goes on sequence 0 alone."""
+    assert tiled_calls(50, [30, 40, 600, 20], 512, 4) == (True, [[0, 1, 3]], [2])
+    assert tiled_calls(0, [10] * 5, 512, 4) == (False, [[0, 1, 2, 3], [4]], [])
+    assert tiled_calls(400, [100, 100], 512, 4) == (True, [[0], [1]], [])
+    assert tiled_calls(500, [100, 20], 512, 4) == (False, [[0, 1]], [])
+    assert tiled_calls(10, [513], 512, 4) == (False, [], [0])
 
 
 def test_a_configuration_that_is_not_invariant_falls_back_on_gemma(
@@ -412,6 +450,9 @@ def test_padding_merges_calls_and_moves_no_answer(
     floor = engine.runtime.min_rows
     batch = decisions()
     alone = {d["id"]: _answers(engine, [d])[d["id"]] for d in batch}
+    if engine.tiled:  # no padding to prove: a tiled call's filler sits on a sequence of its own
+        assert engine.prefill.pad_limit == 0 and _answers(engine, batch) == alone
+        return
     calls: list[list[tuple[int, int]]] = []  # per call, each part's rows and filler
     passes: list[int] = []  # per call, the micro-batches llama.cpp splits it into
     real = engine.runtime.decode_parts
@@ -450,9 +491,10 @@ def test_padding_merges_calls_and_moves_no_answer(
 def test_cache_off_equals_cache_on_with_a_grown_state(numerics_engine: DecisionEngine):
     engine = numerics_engine
     events = [{"t": i, "event": f"tool call {i} returned {i * 7} rows"} for i in range(12)]
-    flash = engine.settings.flash_attention
+    flash, layout = engine.settings.flash_attention, engine.settings.kv_layout
     off = DecisionEngine.load(
-        engine_settings(prefix_cache_tokens=0, flash_attention=flash), Path(engine.gguf_path)
+        engine_settings(prefix_cache_tokens=0, flash_attention=flash, kv_layout=layout),
+        Path(engine.gguf_path),
     )
     try:
         for turn in (8, 9, 12):
@@ -493,6 +535,15 @@ def test_an_agent_turns_tail_rides_with_one_decision(
     droppable = not (runtime.is_recurrent or runtime.is_hybrid)
     if not engine.prefill.invariant:
         return  # the fixed split: its own calls (test_the_fixed_split_keeps_single_equal_to_shared)
+    if engine.tiled:  # the event rides in the decisions' tiled call: no call of sequence 0 at all
+        if not engine.prefix_cache.any_cut:
+            return  # a sliding window: every chunk is decoded (and its state kept) on its own
+        assert not on_prefix, [[(len(p.tokens), p.start_pos, p.seq) for p in c] for c in calls]
+        engine.score(decisions("Another state takes sequence 0.")[:1])
+        again = engine.score(turn).results
+        assert {r.id: (r.probabilities, r.option_logits) for r in again} == alone
+        assert again[0].timing.prefix_reused_tokens == n  # the state filed once the event was in
+        return
     if droppable and engine.prefix_cache.any_cut:
         assert len(on_prefix) == 1, [[(len(p.tokens), p.start_pos, p.seq) for p in c] for c in calls]
         assert on_prefix[0].start_pos < n < on_prefix[0].end  # the event, then a suffix, in one call

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from semif_adapter.errors import ModelLoadError
-from semif_adapter.model.calibration import Calibration, apply_temperature, find_calibration
+from semif_adapter.model.calibration import Calibration, apply_temperature, find_calibration, portable_softmax
 
 
 def _write(path: Path, payload: object) -> Path:
@@ -62,6 +63,24 @@ def test_malformed_files_raise_model_load_error(tmp_path: Path, content: object,
 def test_missing_file_raises_model_load_error(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="does not exist"):
         Calibration.load(tmp_path / "nope.json")
+
+
+def test_the_served_softmax_is_libm_exp_and_an_exactly_rounded_sum() -> None:
+    """``portable_softmax`` (what the engine serves): each term exactly ``math.exp`` of the max-shifted
+    logit, divided by the ``math.fsum`` of the terms, whatever numpy's exp kernel on this CPU does; it
+    agrees with the vectorised softmax to rounding, and refuses what that refuses."""
+    logits = [21.0597, 20.4238, -3.5, 20.4238, 7.25]
+    for t in (1.0, 0.7, 2.5):
+        scaled = [x / t for x in logits]
+        terms = [math.exp(x - max(scaled)) for x in scaled]
+        assert portable_softmax(logits, t) == [term / math.fsum(terms) for term in terms]
+        np.testing.assert_allclose(
+            portable_softmax(logits, t), apply_temperature(np.array(logits), t), rtol=1e-13
+        )
+    assert portable_softmax([1000.0, 999.0]) == pytest.approx([0.7310585786, 0.2689414214])
+    for bad, t in (([], 1.0), ([1.0, math.inf], 1.0), ([1.0], 0.0), ([1.0], math.nan)):
+        with pytest.raises(ValueError):
+            portable_softmax(bad, t)
 
 
 def test_apply_temperature_matches_softmax_and_is_stable() -> None:

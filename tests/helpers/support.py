@@ -38,6 +38,9 @@ ENGINES = ("gemma", "qwen", "hybrid", "mamba")
 #: The real models with flash attention on (invariant numerics with pieces padded to its tiled rows):
 #: the numerics tests run on these too.
 FLASH_ENGINES = ("gemma_flash", "qwen_flash")
+#: The real models in the tiled layout (one unified KV stream with flash attention, decisions from tile
+#: lines): the numerics tests run on these too.
+TILED_ENGINES = ("gemma_tiled", "qwen_tiled")
 
 
 def engines_under_test(default: Sequence[str] = ENGINES) -> list[str]:
@@ -49,8 +52,8 @@ def engines_under_test(default: Sequence[str] = ENGINES) -> list[str]:
 
 def numerics_engines() -> list[str]:
     """The engines the bit-identity tests run on: :func:`engines_under_test` and, by default, the real
-    models with flash attention on."""
-    return engines_under_test((*ENGINES, *FLASH_ENGINES))
+    models with flash attention on, padded and tiled."""
+    return engines_under_test((*ENGINES, *FLASH_ENGINES, *TILED_ENGINES))
 
 
 #: An agent loop's answers: (agent, turn, decision id) -> (probabilities, option logits).
