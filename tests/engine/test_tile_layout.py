@@ -105,12 +105,14 @@ def test_the_prefix_split_and_a_tail_in_the_call_move_nothing(
 
 
 def test_the_comparison_sees_another_layout(
-    tiled: TiledRuntime, ids: list[int], alone: dict[int, np.ndarray]
+    tiled: TiledRuntime, ids: list[int], alone: dict[int, np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control: the 40-token suffix right after the prefix in a call of its own (no tile line,
-    fewer than 64 rows: the per-row kernel) answers differently."""
+    fewer than 64 rows: the per-row kernel; sequence 0's calls are otherwise padded to 64) answers
+    differently."""
     prefill(tiled, ids, [0, 128, PREFIX])
     tiled.fork(PREFIX_SEQ, 1)
+    monkeypatch.setattr(tiled, "min_rows", 0)
     row = tiled.decode_parts([Part(suffix(ids, 1), PREFIX, 1)])[0]
     moved = np.array(tiled.logits_at(row))
     tiled.drop(1)

@@ -39,8 +39,9 @@ ENGINES = ("gemma", "qwen", "hybrid", "mamba")
 #: the numerics tests run on these too.
 FLASH_ENGINES = ("gemma_flash", "qwen_flash")
 #: The real models in the tiled layout (one unified KV stream with flash attention, decisions from tile
-#: lines): the numerics tests run on these too.
-TILED_ENGINES = ("gemma_tiled", "qwen_tiled")
+#: lines): the numerics tests run on Qwen's (gemma's is proven by tests/engine/test_tile_layout.py and its
+#: golden answers; both would add ~10 minutes to the suite); ``SEMIF_TEST_ENGINES=gemma_tiled`` runs it.
+TILED_ENGINES = ("qwen_tiled",)
 
 
 def engines_under_test(default: Sequence[str] = ENGINES) -> list[str]:
