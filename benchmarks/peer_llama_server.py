@@ -26,7 +26,8 @@ Workloads, each item sent to both servers back to back (the side that goes first
   ratio against ``-fa off`` is the cold-path gap with attention computed the same way on both sides.
 
 * 4 agents at once: 4 other agents × ``--turns`` turns, each turn all four send their request together
-  (2 decisions each): ours batched (the 4 requests in flight at once, decoded in shared calls), ours one
+  (2 decisions each): ours batched (the 4 requests in flight at once, decoded in shared calls; a layout
+  that decodes one request per call, ``SEMIF_KV_LAYOUT=tiled``, queues the rest), ours one
   at a time (a second server of ours, ``SEMIF_MAX_BATCH_REQUESTS=1``, the same requests one after another)
   and llama-server (4 clients at once, its 4 slots); wall time of the warm turns (all but the first), and
   the largest |Δp| between our two servers (bit-identical answers give 0).
@@ -624,7 +625,9 @@ def bench_model(key: str, gguf: Path, binary: Path, args: argparse.Namespace, lo
     agents_at_once = four_agents(engine, args)
     fa_items = attention_singles(engine, args)
     ours_port, theirs_port, alone_port, fa_off_port = free_port(), free_port(), free_port(), free_port()
-    command, env = ours_command(gguf, args.threads, ours_port)
+    # the 4 agents' requests arrive together: where the engine decodes fewer at once (the tiled layout
+    # decodes one request per call), the rest wait in the queue instead of getting 503
+    command, env = ours_command(gguf, args.threads, ours_port, {"SEMIF_MAX_QUEUE": "4"})
     alone_command, alone_env = ours_command(gguf, args.threads, alone_port, {"SEMIF_MAX_BATCH_REQUESTS": "1"})
     theirs = theirs_command(binary, gguf, args.threads, theirs_port, args.slots, args.n_ctx)
     result: dict = {"model": gguf.name, "load_average_before": load_average(), "workloads": {}}
@@ -639,7 +642,10 @@ def bench_model(key: str, gguf: Path, binary: Path, args: argparse.Namespace, lo
         # which numerics our server's probe chose (a tiny state of its own, so no workload item is warmed)
         meta = decision("meta", "Numerics check.", "Ready?", ["yes", "no"])
         served = ours_client.post("/invocations", {"decisions": [meta]})["results"][0]["model"]
-        keys = ("numerics", "numerics_reason", "numerics_min_piece", "batch_sequences", "max_batch_requests")
+        keys = (
+            "numerics", "numerics_reason", "numerics_min_piece", "kv_layout", "batch_sequences",
+            "max_batch_requests",
+        )  # fmt: skip
         result["ours_numerics"] = {k: served.get(k) for k in keys}
         result["ours_scoring"] = served.get("scoring")
         result["ours_kernels"] = served.get("kernels")
@@ -828,7 +834,8 @@ def markdown(report: dict) -> str:
         numerics = row.get("ours_numerics") or {}
         lines.append(
             f"Our numerics on {row['model']}: {numerics.get('numerics')} "
-            f"({numerics.get('numerics_reason')}), {numerics.get('batch_sequences')} decisions per call, "
+            f"({numerics.get('numerics_reason')}), KV layout {numerics.get('kv_layout')}, "
+            f"{numerics.get('batch_sequences')} decisions per call, "
             f"{numerics.get('max_batch_requests')} requests per batch."
         )
         ours, theirs = row.get("ours_kernels") or {}, row.get("llama_server_kernels") or {}

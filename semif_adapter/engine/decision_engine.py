@@ -51,7 +51,7 @@ from semif_adapter.engine.prompt import PROMPT_VERSION, Scaffold
 from semif_adapter.engine.request_batches import RequestBatches
 from semif_adapter.engine.results import ResultBuilder
 from semif_adapter.engine.shared_calls import SharedCalls
-from semif_adapter.engine.tile_layout import TiledRuntime
+from semif_adapter.engine.tile_layout import LayoutRefused, TiledRuntime
 from semif_adapter.errors import ModelLoadError, SemifError
 from semif_adapter.model.calibration import Calibration, find_calibration, portable_softmax, stale_reason
 from semif_adapter.model.identity import model_sha256
@@ -165,7 +165,7 @@ class DecisionEngine:
             if settings.kv_layout == "tiled" and settings.n_gpu_layers == 0:
                 try:
                     engine = build(True, None, tiled=True)
-                except ModelLoadError as exc:
+                except LayoutRefused as exc:
                     log.warning("kv layout: the stream layout (%s)", exc)
                 else:
                     if engine.invariant:

@@ -45,6 +45,12 @@ from semif_adapter.errors import EngineFailure, ModelLoadError
 TILE_CELLS = 64
 
 
+class LayoutRefused(ModelLoadError):
+    """The tiled layout cannot run with this model or these settings; the engine loads the stream layout
+    instead. Any other load error (a missing file, a context llama.cpp cannot create) is not this: the
+    stream layout would fail the same way, so it ends start-up."""
+
+
 def tile_line(cell: int) -> int:
     """The first tile line at or after ``cell``."""
     return -(-cell // TILE_CELLS) * TILE_CELLS
@@ -90,7 +96,7 @@ class TiledRuntime(LlamaRuntime):
         abi_record: Path | None = None,
     ) -> None:
         if n_batch < FLASH_TILE_ROWS:
-            raise ModelLoadError(f"a tiled layout needs n_batch >= {FLASH_TILE_ROWS}, not {n_batch}")
+            raise LayoutRefused(f"a tiled layout needs n_batch >= {FLASH_TILE_ROWS}, not {n_batch}")
         self.decisions = n_seq_max - 1
         # the most cells a call's tokens span past the prefix: every run starts a tile later at worst
         self.call_cells = n_batch + TILE_CELLS * (self.decisions + 1)
@@ -112,7 +118,7 @@ class TiledRuntime(LlamaRuntime):
         self.n_seq_max = n_seq_max  # the prefix and the decisions; spacers and filler come after
         try:
             if self.is_recurrent or self.is_hybrid:
-                raise ModelLoadError(
+                raise LayoutRefused(
                     f"{path.name}: a tiled layout removes part of a spacer sequence, which recurrent and "
                     "hybrid memory cannot"
                 )

@@ -12,6 +12,7 @@ or off; and the fixed split keeps its own guarantees.
 
 from __future__ import annotations
 
+import logging
 import random
 from itertools import pairwise
 from pathlib import Path
@@ -316,6 +317,23 @@ def test_a_tiled_layout_that_is_not_invariant_falls_back_to_streams(
         assert not hybrid.tiled and hybrid.model_info.kv_layout == "streams"
     finally:
         hybrid.close()
+
+
+def test_a_model_that_does_not_load_ends_start_up_without_a_second_layout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """Only the tiled layout's own refusals (``LayoutRefused``) send the engine to the stream layout: a
+    file llama.cpp cannot load fails once, with llama.cpp's reason, and is not loaded a second time."""
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + bytes(60))
+    settings = engine_settings(
+        n_ctx=1024, kv_layout="tiled", numerics_probe_cache=False, verify_manifest=False
+    )
+    with caplog.at_level(logging.WARNING), pytest.raises(ModelLoadError) as caught:
+        DecisionEngine.load(settings, broken)
+    assert not isinstance(caught.value, tile_layout.LayoutRefused)
+    assert "broken.gguf" in str(caught.value)
+    assert not [r for r in caplog.records if "kv layout" in r.getMessage()]
 
 
 def test_tiled_calls_keep_to_the_batch_and_the_sequences() -> None:
