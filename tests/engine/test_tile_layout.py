@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from semif_adapter.engine.llama_backend import PREFIX_SEQ, Part
-from semif_adapter.engine.tile_layout import TILE_CELLS, Run, TiledRuntime, holes, tile_line
-from semif_adapter.errors import EngineFailure, ModelLoadError
+from semif_adapter.engine.tile_layout import TILE_CELLS, LayoutRefused, Run, TiledRuntime, holes, tile_line
+from semif_adapter.errors import EngineFailure
 
 TEXT = " ".join(
     f"Step {i}: the agent read ticket {1000 + 37 * i}, checked the refund log and noted queue depth {i % 9}."
@@ -142,5 +142,5 @@ def test_a_call_it_cannot_make_is_refused_before_it_starts(tiled: TiledRuntime, 
 
 
 def test_recurrent_memory_is_refused(hybrid_gguf: Path) -> None:
-    with pytest.raises(ModelLoadError, match="recurrent and hybrid"):
+    with pytest.raises(LayoutRefused, match="recurrent and hybrid"):  # the engine then loads streams
         TiledRuntime(hybrid_gguf, n_ctx=512, n_batch=512, n_threads=2)
