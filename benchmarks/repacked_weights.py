@@ -26,9 +26,6 @@ with 4 output rows), plain weights vs repacked; medians of ``--repeats`` alterna
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Iterator, Sequence
@@ -39,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.attention_configs import TEXT
+from benchmarks.model_runs import run_models
 from semif_adapter.engine import kernels, llama_backend
 from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime
 from semif_adapter.model.demo_models import ensure_model
@@ -180,25 +178,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["qwen", "gemma"], choices=["qwen", "gemma"])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-    report: dict[str, Any] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-        "threads": args.threads,
-        "repeats": args.repeats,
-        "load_average_before": os.getloadavg(),
-        "models": [bench_model(key, args) for key in args.models],
-    }
-    report["load_average_after"] = os.getloadavg()
-    text = render(report)
-    print(text)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        args.json.with_suffix(".md").write_text(text)
+    run_models(__doc__ or "", bench_model, render, repeats=3)
 
 
 if __name__ == "__main__":
