@@ -39,3 +39,11 @@ def run_models(
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         args.json.with_suffix(".md").write_text(text)
+
+
+def machine_line(report: dict[str, Any]) -> str:
+    """The report's first line: where and under what load it ran."""
+    return (
+        f"machine: {report['machine']}, {report['threads']} threads, load average "
+        f"{report['load_average_before']} before, {report['load_average_after']} after"
+    )

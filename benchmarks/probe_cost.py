@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.model_runs import run_models
+from benchmarks.model_runs import machine_line, run_models
 from semif_adapter.engine import DecisionEngine
 from semif_adapter.model.demo_models import ensure_model
 from semif_adapter.settings import EngineSettings
@@ -82,9 +82,8 @@ def bench_model(key: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def render(report: dict[str, Any]) -> str:
     lines = [
-        f"machine: {report['machine']}, {report['threads']} threads, load average "
-        f"{report['load_average_before']} before, {report['load_average_after']} after; served defaults "
-        f"(EngineSettings), medians of {report['repeats']} alternations",
+        f"{machine_line(report)}; served defaults (EngineSettings), "
+        f"medians of {report['repeats']} alternations",
         "",
         "| model | configuration | runs as | load, probe runs s | load, verdict kept s | probe s | verdict |",
         "|---|---|---|---|---|---|---|",
@@ -100,9 +99,5 @@ def render(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    run_models(__doc__ or "", bench_model, render, repeats=2)
-
-
 if __name__ == "__main__":
-    main()
+    run_models(__doc__ or "", bench_model, render, repeats=2)
