@@ -116,15 +116,27 @@ def weight_buffers(load_log: Iterable[str]) -> list[str]:
     return seen
 
 
-def cpu_library(maps: str) -> str | None:
-    """The CPU backend's library file mapped into this process (``libggml-cpu-haswell.so`` where the
+def cpu_library_paths(maps: str) -> list[Path]:
+    """The CPU backend's library files mapped into this process (``libggml-cpu-haswell.so`` where the
     build carries one plugin per variant and loaded the best; ``libggml-cpu.so`` otherwise)."""
-    names = set()
+    paths = set()
     for line in maps.splitlines():
         fields = line.split()
         if len(fields) >= 6 and Path(fields[-1]).name.startswith("libggml-cpu"):
-            names.add(Path(fields[-1]).name)
-    return ", ".join(sorted(names)) or None
+            paths.add(Path(fields[-1]))
+    return sorted(paths)
+
+
+def cpu_library(maps: str) -> str | None:
+    """The names of :func:`cpu_library_paths`, or None where none is mapped."""
+    return ", ".join(sorted({p.name for p in cpu_library_paths(maps)})) or None
+
+
+def read_cpu_library_paths(path: Path = MAPS) -> list[Path]:
+    try:
+        return cpu_library_paths(path.read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return []
 
 
 def read_cpu_library(path: Path = MAPS) -> str | None:

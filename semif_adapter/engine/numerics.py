@@ -24,8 +24,8 @@ one unified KV stream with flash attention, every decision's cells from a 64-cel
 :func:`probe_tiled` decodes the probe prompt its own ways on that runtime; where a way moves a bit (a
 build whose flash-attention tiles are not 64 cells, say), the engine falls back to the stream layout.
 
-The verdict is kept per library build, model file and configuration (``VerdictCache``), so a restart
-of the same image on the same model skips the probe.
+The verdict is kept per library build, CPU kernels, model file and configuration (``VerdictCache``), so
+a restart of the same image on the same model and machine skips the probe.
 """
 
 from __future__ import annotations
@@ -373,11 +373,16 @@ class VerdictCache:
         return cls(cache_folder("numerics"))  # None without a home: the probe runs at every start
 
     @staticmethod
-    def key(library: Path | None, gguf: Path, config: dict[str, Any]) -> str:
-        """Changes with the library file, the model file (size and modification time: hashing a 4 GB
-        GGUF at every start would cost more than the probe) and every setting the kernels depend on."""
+    def key(libraries: Sequence[Path | None], gguf: Path, config: dict[str, Any]) -> str:
+        """Changes with the library files (libllama and the CPU backend plugin it mapped), the model
+        file (size and modification time: hashing a 4 GB GGUF at every start would cost more than the
+        probe) and every setting the kernels depend on. ``config`` also names the kernels the CPU
+        backend runs (its reported features): one libllama file picks another plugin on another CPU,
+        and a cache folder can outlive its machine (a home on a shared disk, a volume moved to another
+        instance type), so a verdict proven on one CPU is never read on another."""
         parts: dict[str, Any] = {"probe": PROBE_VERSION, "config": config}
-        for name, path in (("library", library), ("model", gguf)):
+        named = [("model", gguf), *((f"library{i}", lib) for i, lib in enumerate(libraries))]
+        for name, path in named:
             if path is not None and path.is_file():
                 stat = path.stat()
                 parts[name] = [str(path.resolve()), stat.st_size, stat.st_mtime_ns]

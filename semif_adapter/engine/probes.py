@@ -3,7 +3,8 @@
 Both decode real decisions on the loaded model before the engine serves anything. The fork probe
 compares a branch made by sequence copy with one made by saving and restoring sequence 0; the numerics
 probe (``numerics.probe``) decodes one prompt of real decisions several ways on an invariant-configured
-context. A numerics verdict is kept per library, model file and configuration (``numerics.VerdictCache``).
+context. A numerics verdict is kept per library, CPU kernels, model file and configuration
+(``numerics.VerdictCache``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from semif_adapter.engine import kernels
 from semif_adapter.engine.branches import Branches
 from semif_adapter.engine.calls import PIECE_CANDIDATES
 from semif_adapter.engine.numerics import FIXED_SPLIT, Verdict, VerdictCache, probe, probe_tiled
@@ -133,10 +135,12 @@ def numerics_verdict(
         "n_seq_max": runtime.n_seq_max,
         "flash_attention": settings.flash_attention,
         "n_ctx": runtime.n_ctx,
+        "cpu_kernels": " ".join(runtime.system_info().split()),
     }
     if isinstance(runtime, TiledRuntime):
         config["kv_layout"] = "tiled"
-    key = VerdictCache.key(Path(library) if library else None, gguf_path, config)
+    libraries = [Path(library) if library else None, *kernels.read_cpu_library_paths()]
+    key = VerdictCache.key(libraries, gguf_path, config)
     verdict = cache.get(key)
     if verdict is None:
         prefix, suffixes = _numerics_prompt(planner)

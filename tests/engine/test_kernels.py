@@ -70,6 +70,8 @@ def test_the_cpu_backend_library_is_the_mapped_plugin() -> None:
     assert kernels.cpu_library(MAPS) == "libggml-cpu-haswell.so"
     assert kernels.cpu_library("7f05-7f06 rw-p 00000000 00:00 0\n") is None
     assert kernels.read_cpu_library(Path("/nonexistent/maps")) is None
+    assert [p.name for p in kernels.cpu_library_paths(MAPS)] == ["libggml-cpu-haswell.so"]
+    assert kernels.read_cpu_library_paths(Path("/nonexistent/maps")) == []
 
 
 def _runtime(gguf: Path, extra_buffers: str = "auto") -> LlamaRuntime:

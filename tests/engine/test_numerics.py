@@ -35,8 +35,15 @@ from semif_adapter.engine.calls import (
     shares_safely,
     wasted_cells,
 )
-from semif_adapter.engine.llama_backend import FLASH_TILE_ROWS, Part
-from semif_adapter.engine.numerics import FIXED_SPLIT, GPU_BACKEND_REASON, INVARIANT, PADDED, _judged
+from semif_adapter.engine.llama_backend import FLASH_TILE_ROWS, LlamaRuntime, Part
+from semif_adapter.engine.numerics import (
+    FIXED_SPLIT,
+    GPU_BACKEND_REASON,
+    INVARIANT,
+    PADDED,
+    VerdictCache,
+    _judged,
+)
 from semif_adapter.errors import ModelLoadError
 from tests.helpers.support import engine_settings
 
@@ -435,6 +442,28 @@ def test_the_verdict_is_kept_per_library_and_model_gemma(gemma_gguf: Path, tmp_p
     other = DecisionEngine.load(engine_settings(n_ctx=1024, batch_sequences=2), gemma_gguf)
     other.close()
     assert not other.verdict.cached  # another configuration is probed again
+    # the same library file reporting other CPU kernels (another plugin picked on another machine's CPU,
+    # the cache folder carried there): probed again, never the kept verdict
+    reported = LlamaRuntime.system_info
+    monkeypatch.setattr(LlamaRuntime, "system_info", lambda self: reported(self) + " | AVX512 = 1 |")
+    moved = DecisionEngine.load(engine_settings(n_ctx=1024), gemma_gguf)
+    moved.close()
+    assert not moved.verdict.cached
+    assert len(list((tmp_path / "semif-adapter" / "numerics").glob("*.json"))) == 3
+
+
+def test_the_verdict_key_names_every_library_file_and_the_cpu_kernels(gemma_gguf: Path, tmp_path: Path):
+    plugin = tmp_path / "libggml-cpu-haswell.so"
+    plugin.write_bytes(b"one build")
+    config = {"n_ctx": 1024, "cpu_kernels": "CPU : AVX2 = 1 |"}
+    key = VerdictCache.key([None, plugin], gemma_gguf, config)
+    assert key == VerdictCache.key([None, plugin], gemma_gguf, dict(config))
+    assert key != VerdictCache.key(
+        [None, plugin], gemma_gguf, {**config, "cpu_kernels": "CPU : AVX512 = 1 |"}
+    )
+    assert key != VerdictCache.key([None], gemma_gguf, config)
+    plugin.write_bytes(b"another build")  # a rebuilt plugin (another size)
+    assert key != VerdictCache.key([None, plugin], gemma_gguf, config)
 
 
 # --- answers -------------------------------------------------------------------------------------------
