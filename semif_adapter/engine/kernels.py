@@ -127,11 +127,6 @@ def cpu_library_paths(maps: str) -> list[Path]:
     return sorted(paths)
 
 
-def cpu_library(maps: str) -> str | None:
-    """The names of :func:`cpu_library_paths`, or None where none is mapped."""
-    return ", ".join(sorted({p.name for p in cpu_library_paths(maps)})) or None
-
-
 def read_cpu_library_paths(path: Path = MAPS) -> list[Path]:
     try:
         return cpu_library_paths(path.read_text(encoding="utf-8", errors="replace"))
@@ -139,8 +134,6 @@ def read_cpu_library_paths(path: Path = MAPS) -> list[Path]:
         return []
 
 
-def read_cpu_library(path: Path = MAPS) -> str | None:
-    try:
-        return cpu_library(path.read_text(encoding="utf-8", errors="replace"))
-    except OSError:
-        return None
+def library_names(paths: Iterable[Path]) -> str | None:
+    """``paths`` as a report names them (file names, comma-separated), or None where there are none."""
+    return ", ".join(sorted({p.name for p in paths})) or None

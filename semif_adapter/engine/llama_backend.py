@@ -310,7 +310,7 @@ class LlamaRuntime:
         with _load_log() as load_log:
             self.model = self.abi.model_load_from_file(str(path).encode(), mparams)
         self.weight_buffers = kernels.weight_buffers(load_log)
-        self.cpu_library = kernels.read_cpu_library()
+        self.cpu_library_files = kernels.read_cpu_library_paths()
 
     def _context_params(
         self, n_ctx: int, n_batch: int, n_threads: int, invariant: bool, n_seq_max: int, flash_attention: bool
@@ -396,6 +396,11 @@ class LlamaRuntime:
     def build_commit(self) -> str | None:
         """The llama.cpp commit the library reports (``ggml_commit``), None where it exports none."""
         return binding.library_version(self.lib.llama_cpp._lib).commit
+
+    @property
+    def cpu_library(self) -> str | None:
+        """The CPU backend's library files mapped at load, by name (``kernels.library_names``)."""
+        return kernels.library_names(self.cpu_library_files)
 
     def system_info(self) -> str:
         """``llama_print_system_info()``: the backends and the CPU features their kernels were built

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from semif_adapter.engine import kernels
 from semif_adapter.engine.branches import Branches
 from semif_adapter.engine.calls import PIECE_CANDIDATES
 from semif_adapter.engine.numerics import FIXED_SPLIT, Verdict, VerdictCache, probe, probe_tiled
@@ -139,7 +138,7 @@ def numerics_verdict(
     }
     if isinstance(runtime, TiledRuntime):
         config["kv_layout"] = "tiled"
-    libraries = [Path(library) if library else None, *kernels.read_cpu_library_paths()]
+    libraries = [Path(library) if library else None, *runtime.cpu_library_files]
     key = VerdictCache.key(libraries, gguf_path, config)
     verdict = cache.get(key)
     if verdict is None:

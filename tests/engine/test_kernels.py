@@ -67,10 +67,11 @@ def test_the_weights_buffer_types_come_from_the_load_log_once_each() -> None:
 
 
 def test_the_cpu_backend_library_is_the_mapped_plugin() -> None:
-    assert kernels.cpu_library(MAPS) == "libggml-cpu-haswell.so"
-    assert kernels.cpu_library("7f05-7f06 rw-p 00000000 00:00 0\n") is None
-    assert kernels.read_cpu_library(Path("/nonexistent/maps")) is None
-    assert [p.name for p in kernels.cpu_library_paths(MAPS)] == ["libggml-cpu-haswell.so"]
+    paths = kernels.cpu_library_paths(MAPS)
+    assert paths == [Path("/opt/llama.cpp/bin/libggml-cpu-haswell.so")]
+    assert kernels.library_names(paths) == "libggml-cpu-haswell.so"
+    assert kernels.cpu_library_paths("7f05-7f06 rw-p 00000000 00:00 0\n") == []
+    assert kernels.library_names([]) is None
     assert kernels.read_cpu_library_paths(Path("/nonexistent/maps")) == []
 
 
