@@ -115,7 +115,7 @@ class DecisionEngine:
             self.prefill.fork_mode = probes.fork_mode(
                 self.planner, self.prefill, self.branches, self.reset_prefix_cache
             )
-        self.verdict = verdict or probes.numerics_verdict(self.planner, self.prefill, settings, gguf_path)
+        self.verdict = verdict or probes.numerics_verdict(self.planner, self.prefill, settings, self.sha256)
         self.invariant = self.verdict.invariant and runtime.invariant
         self.tiled = self.invariant and isinstance(runtime, TiledRuntime)
         self.min_piece = self.verdict.min_piece or 1

@@ -116,22 +116,35 @@ def weight_buffers(load_log: Iterable[str]) -> list[str]:
     return seen
 
 
-def cpu_library_paths(maps: str) -> list[Path]:
-    """The CPU backend's library files mapped into this process (``libggml-cpu-haswell.so`` where the
-    build carries one plugin per variant and loaded the best; ``libggml-cpu.so`` otherwise)."""
+#: The CPU backend's library: ``libggml-cpu-haswell.so`` where the build carries one plugin per variant and
+#: loaded the best, ``libggml-cpu.so`` otherwise.
+CPU_BACKEND = ("libggml-cpu",)
+#: The library files whose code computes a CPU forward pass: llama.cpp itself, ggml's core and ops, and
+#: the CPU backend (a CUDA or Vulkan plugin computes nothing on the CPU, and hashing one takes seconds).
+NUMERICS_LIBRARIES = ("libllama", "libggml-base", "libggml.", *CPU_BACKEND)
+
+
+def mapped_library_paths(maps: str, prefixes: tuple[str, ...] = NUMERICS_LIBRARIES) -> list[Path]:
+    """The files mapped into this process (``/proc/self/maps``) whose names start with ``prefixes``."""
     paths = set()
     for line in maps.splitlines():
         fields = line.split()
-        if len(fields) >= 6 and Path(fields[-1]).name.startswith("libggml-cpu"):
+        if len(fields) >= 6 and Path(fields[-1]).name.startswith(prefixes):
             paths.add(Path(fields[-1]))
     return sorted(paths)
 
 
-def read_cpu_library_paths(path: Path = MAPS) -> list[Path]:
+def read_mapped_library_paths(path: Path = MAPS) -> list[Path]:
+    """:func:`mapped_library_paths` of this process: every :data:`NUMERICS_LIBRARIES` file."""
     try:
-        return cpu_library_paths(path.read_text(encoding="utf-8", errors="replace"))
+        return mapped_library_paths(path.read_text(encoding="utf-8", errors="replace"))
     except OSError:
         return []
+
+
+def cpu_library_paths(paths: Iterable[Path]) -> list[Path]:
+    """The CPU backend's files among ``paths``."""
+    return [p for p in paths if p.name.startswith(CPU_BACKEND)]
 
 
 def library_names(paths: Iterable[Path]) -> str | None:

@@ -310,7 +310,7 @@ class LlamaRuntime:
         with _load_log() as load_log:
             self.model = self.abi.model_load_from_file(str(path).encode(), mparams)
         self.weight_buffers = kernels.weight_buffers(load_log)
-        self.cpu_library_files = kernels.read_cpu_library_paths()
+        self.library_files = kernels.read_mapped_library_paths()
 
     def _context_params(
         self, n_ctx: int, n_batch: int, n_threads: int, invariant: bool, n_seq_max: int, flash_attention: bool
@@ -396,6 +396,11 @@ class LlamaRuntime:
     def build_commit(self) -> str | None:
         """The llama.cpp commit the library reports (``ggml_commit``), None where it exports none."""
         return binding.library_version(self.lib.llama_cpp._lib).commit
+
+    @property
+    def cpu_library_files(self) -> list[Path]:
+        """The CPU backend's files among those mapped at load (``library_files``: libllama, ggml's too)."""
+        return kernels.cpu_library_paths(self.library_files)
 
     @property
     def cpu_library(self) -> str | None:

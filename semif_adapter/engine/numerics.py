@@ -24,12 +24,13 @@ one unified KV stream with flash attention, every decision's cells from a 64-cel
 :func:`probe_tiled` decodes the probe prompt its own ways on that runtime; where a way moves a bit (a
 build whose flash-attention tiles are not 64 cells, say), the engine falls back to the stream layout.
 
-The verdict is kept per library build, CPU kernels, model file and configuration (``VerdictCache``), so
-a restart of the same image on the same model and machine skips the probe.
+The verdict is kept per library bytes, CPU kernels, model sha256 and configuration (``VerdictCache``),
+so a restart of the same image on the same model and machine skips the probe, wherever the model lies.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -45,6 +46,7 @@ from semif_adapter.engine.calls import PIECE_CANDIDATES, pieces, shares_safely
 from semif_adapter.engine.llama_backend import FLASH_TILE_ROWS, PREFIX_SEQ, LlamaRuntime, Part
 from semif_adapter.engine.tile_layout import Run, TiledRuntime
 from semif_adapter.errors import ModelLoadError
+from semif_adapter.model.demo_models import sha256_file
 from semif_adapter.user_cache import cache_folder
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ log = logging.getLogger(__name__)
 INVARIANT = "invariant"
 FIXED_SPLIT = "fixed-split"
 #: Bumped whenever the probe's cases change, so a cached verdict of an older probe is not reused.
-PROBE_VERSION = 7
+PROBE_VERSION = 8
 #: Why a GPU backend keeps the fixed split without a probe. Its matrix kernels are chosen by each call's
 #: total rows (on CUDA: mmvq for a few rows, mmq or cuBLAS above, each reducing in its own order), and a
 #: backend may take large calls even with no layer offloaded, so a probe of a few call shapes cannot
@@ -362,8 +364,19 @@ def _judged(checks: dict[str, float], min_piece: int, single: bool | None) -> Ve
     return Verdict(INVARIANT, reason, checks, min_piece, single, pad_limit=2 * min_piece)
 
 
+def file_digest(path: Path) -> str:
+    """The sha256 of a library file, hashed once per process per file version (a few MB: milliseconds)."""
+    stat = path.stat()
+    return _digest(str(path.resolve()), stat.st_size, stat.st_ino, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(path: str, size: int, inode: int, mtime_ns: int) -> str:
+    return sha256_file(Path(path))
+
+
 class VerdictCache:
-    """Probe verdicts on disk, keyed by the library build, the model file and the configuration."""
+    """Probe verdicts on disk, keyed by the libraries' and the model's bytes and the configuration."""
 
     def __init__(self, folder: Path | None) -> None:
         self.folder = folder
@@ -373,21 +386,19 @@ class VerdictCache:
         return cls(cache_folder("numerics"))  # None without a home: the probe runs at every start
 
     @staticmethod
-    def key(libraries: Sequence[Path | None], gguf: Path, config: dict[str, Any]) -> str:
-        """Changes with the library files (libllama and the CPU backend plugin it mapped), the model
-        file (size and modification time: hashing a 4 GB GGUF at every start would cost more than the
-        probe) and every setting the kernels depend on. ``config`` also names the kernels the CPU
-        backend runs (its reported features): one libllama file picks another plugin on another CPU,
-        and a cache folder can outlive its machine (a home on a shared disk, a volume moved to another
-        instance type), so a verdict proven on one CPU is never read on another."""
-        parts: dict[str, Any] = {"probe": PROBE_VERSION, "config": config}
-        named = [("model", gguf), *((f"library{i}", lib) for i, lib in enumerate(libraries))]
-        for name, path in named:
-            if path is not None and path.is_file():
-                stat = path.stat()
-                parts[name] = [str(path.resolve()), stat.st_size, stat.st_mtime_ns]
-            else:
-                parts[name] = None
+    def key(libraries: Sequence[Path | None], model_sha256: str, config: dict[str, Any]) -> str:
+        """Changes with the code and the model, never with where they lie: the sha256 of every library
+        file a CPU forward pass runs (libllama, ggml's core, the CPU backend plugin it mapped), the
+        model's sha256 (which the engine knows anyway: a manifest's pin, a verified demo model, or the
+        hash kept for the file), and every setting the kernels depend on. SageMaker extracts the model
+        into a fresh folder, a clone builds a fresh virtual environment from the same wheel: the same
+        bytes, the same verdict. ``config`` also names the kernels the CPU backend runs (its reported
+        features): one libllama picks another plugin on another CPU, and a cache folder can outlive its
+        machine (a home on a shared disk, a volume moved to another instance type), so a verdict proven
+        on one CPU is never read on another."""
+        parts: dict[str, Any] = {"probe": PROBE_VERSION, "config": config, "model": model_sha256}
+        digests = sorted(file_digest(lib) for lib in libraries if lib is not None and lib.is_file())
+        parts["libraries"] = digests or None
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
     def get(self, key: str) -> Verdict | None:

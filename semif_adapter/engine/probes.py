@@ -3,7 +3,7 @@
 Both decode real decisions on the loaded model before the engine serves anything. The fork probe
 compares a branch made by sequence copy with one made by saving and restoring sequence 0; the numerics
 probe (``numerics.probe``) decodes one prompt of real decisions several ways on an invariant-configured
-context. A numerics verdict is kept per library, CPU kernels, model file and configuration
+context. A numerics verdict is kept per library bytes, CPU kernels, model sha256 and configuration
 (``numerics.VerdictCache``).
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
@@ -116,17 +115,16 @@ def fork_mode(planner: Planner, prefill: Prefill, branches: Branches, forget: Ca
 
 
 def numerics_verdict(
-    planner: Planner, prefill: Prefill, settings: EngineSettings, gguf_path: Path
+    planner: Planner, prefill: Prefill, settings: EngineSettings, model_sha256: str
 ) -> Verdict:
-    """Probe an invariant-configured context (``numerics``), or reuse the verdict kept for this library,
-    model file and configuration."""
+    """Probe an invariant-configured context (``numerics``), or reuse the verdict kept for these
+    libraries, this model (by its sha256) and this configuration."""
     runtime = prefill.runtime
     if not runtime.invariant:
         return Verdict(FIXED_SPLIT, "the context was created for the fixed split")
     if prefill.fork_mode != "copy":
         return Verdict(FIXED_SPLIT, "sequence copy does not reproduce this model's prefix state")
     cache = VerdictCache.default() if settings.numerics_probe_cache else VerdictCache(None)
-    library = getattr(getattr(runtime.lib.llama_cpp, "_lib", None), "_name", None)
     config: dict[str, int | str] = {
         "n_threads": settings.n_threads,
         "n_batch": runtime.n_batch,
@@ -138,8 +136,7 @@ def numerics_verdict(
     }
     if isinstance(runtime, TiledRuntime):
         config["kv_layout"] = "tiled"
-    libraries = [Path(library) if library else None, *runtime.cpu_library_files]
-    key = VerdictCache.key(libraries, gguf_path, config)
+    key = VerdictCache.key(runtime.library_files, model_sha256, config)
     verdict = cache.get(key)
     if verdict is None:
         prefix, suffixes = _numerics_prompt(planner)

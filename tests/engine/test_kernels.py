@@ -26,6 +26,9 @@ MAPS = """7f00-7f01 r-xp 00000000 fd:01 42 /opt/llama.cpp/bin/libggml-base.so
 7f02-7f03 r-xp 00000000 fd:01 43 /opt/llama.cpp/bin/libggml-cpu-haswell.so
 7f03-7f04 r--p 00010000 fd:01 43 /opt/llama.cpp/bin/libggml-cpu-haswell.so
 7f05-7f06 rw-p 00000000 00:00 0
+7f07-7f08 r-xp 00000000 fd:01 44 /opt/llama.cpp/bin/libllama.so
+7f09-7f0a r-xp 00000000 fd:01 45 /opt/llama.cpp/bin/libggml-cuda.so
+7f0b-7f0c r-xp 00000000 fd:01 46 /usr/lib64/libgomp.so.1.0.0
 """
 
 
@@ -67,12 +70,19 @@ def test_the_weights_buffer_types_come_from_the_load_log_once_each() -> None:
 
 
 def test_the_cpu_backend_library_is_the_mapped_plugin() -> None:
-    paths = kernels.cpu_library_paths(MAPS)
+    paths = kernels.cpu_library_paths(kernels.mapped_library_paths(MAPS))
     assert paths == [Path("/opt/llama.cpp/bin/libggml-cpu-haswell.so")]
     assert kernels.library_names(paths) == "libggml-cpu-haswell.so"
-    assert kernels.cpu_library_paths("7f05-7f06 rw-p 00000000 00:00 0\n") == []
+    assert kernels.mapped_library_paths("7f05-7f06 rw-p 00000000 00:00 0\n") == []
     assert kernels.library_names([]) is None
-    assert kernels.read_cpu_library_paths(Path("/nonexistent/maps")) == []
+    assert kernels.read_mapped_library_paths(Path("/nonexistent/maps")) == []
+
+
+def test_the_libraries_a_cpu_forward_pass_runs_are_llama_ggml_and_the_cpu_plugin() -> None:
+    """What the numerics verdict is keyed by: no GPU plugin (it computes nothing on the CPU), no
+    unrelated library."""
+    names = [p.name for p in kernels.mapped_library_paths(MAPS)]
+    assert names == ["libggml-base.so", "libggml-cpu-haswell.so", "libllama.so"]
 
 
 def _runtime(gguf: Path, extra_buffers: str = "auto") -> LlamaRuntime:

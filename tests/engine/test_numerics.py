@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 from itertools import pairwise
 from pathlib import Path
 
@@ -442,6 +443,14 @@ def test_the_verdict_is_kept_per_library_and_model_gemma(gemma_gguf: Path, tmp_p
     other = DecisionEngine.load(engine_settings(n_ctx=1024, batch_sequences=2), gemma_gguf)
     other.close()
     assert not other.verdict.cached  # another configuration is probed again
+    # the same model file at another path with another mtime (SageMaker extracts the model anew into a
+    # fresh folder at every start): the same bytes, so the kept verdict
+    elsewhere = tmp_path / "opt-ml-model" / gemma_gguf.name
+    elsewhere.parent.mkdir()
+    shutil.copyfile(gemma_gguf, elsewhere)
+    again = DecisionEngine.load(engine_settings(n_ctx=1024), elsewhere)
+    again.close()
+    assert again.verdict.cached and again.sha256 == first.sha256
     # the same library file reporting other CPU kernels (another plugin picked on another machine's CPU,
     # the cache folder carried there): probed again, never the kept verdict
     reported = LlamaRuntime.system_info
@@ -452,18 +461,25 @@ def test_the_verdict_is_kept_per_library_and_model_gemma(gemma_gguf: Path, tmp_p
     assert len(list((tmp_path / "semif-adapter" / "numerics").glob("*.json"))) == 3
 
 
-def test_the_verdict_key_names_every_library_file_and_the_cpu_kernels(gemma_gguf: Path, tmp_path: Path):
+def test_the_verdict_key_names_every_library_files_bytes_the_model_and_the_cpu_kernels(tmp_path: Path):
     plugin = tmp_path / "libggml-cpu-haswell.so"
     plugin.write_bytes(b"one build")
-    config = {"n_ctx": 1024, "cpu_kernels": "CPU : AVX2 = 1 |"}
-    key = VerdictCache.key([None, plugin], gemma_gguf, config)
-    assert key == VerdictCache.key([None, plugin], gemma_gguf, dict(config))
+    base = tmp_path / "libggml-base.so"
+    base.write_bytes(b"ggml")
+    model, config = "ab" * 32, {"n_ctx": 1024, "cpu_kernels": "CPU : AVX2 = 1 |"}
+    key = VerdictCache.key([None, base, plugin], model, config)
+    assert key == VerdictCache.key([None, base, plugin], model, dict(config))
     assert key != VerdictCache.key(
-        [None, plugin], gemma_gguf, {**config, "cpu_kernels": "CPU : AVX512 = 1 |"}
+        [None, base, plugin], model, {**config, "cpu_kernels": "CPU : AVX512 = 1 |"}
     )
-    assert key != VerdictCache.key([None], gemma_gguf, config)
-    plugin.write_bytes(b"another build")  # a rebuilt plugin (another size)
-    assert key != VerdictCache.key([None, plugin], gemma_gguf, config)
+    assert key != VerdictCache.key([None, base, plugin], "cd" * 32, config)  # another model
+    assert key != VerdictCache.key([None, plugin], model, config)  # a library less
+    copy = tmp_path / "venv" / plugin.name  # the same build installed elsewhere: the same bytes
+    copy.parent.mkdir()
+    copy.write_bytes(b"one build")
+    assert key == VerdictCache.key([None, base, copy], model, config)
+    plugin.write_bytes(b"one bui1d")  # rebuilt in place: same size, other bytes
+    assert key != VerdictCache.key([None, base, plugin], model, config)
 
 
 # --- answers -------------------------------------------------------------------------------------------
