@@ -99,6 +99,15 @@ def library_version(lib: Any) -> LibraryVersion:
     return LibraryVersion(call("llama_version"), call("ggml_version"), call("ggml_commit"))
 
 
+def loaded_library_files(lib: Any) -> list[Path]:
+    """The file a ctypes handle was opened from (``CDLL._name``), where it names one that exists: what
+    is known of the libllama build where the process's mappings cannot be read (no ``/proc``)."""
+    name = getattr(lib, "_name", None)
+    if not isinstance(name, str) or not Path(name).is_file():
+        return []
+    return [Path(name).resolve()]
+
+
 def _tolerant_function_factory(original: Callable[..., Any], missing: list[str]) -> Callable[..., Any]:
     @functools.wraps(original)
     def ctypes_function_for_shared_library(lib: Any) -> Callable[..., Any]:

@@ -310,7 +310,10 @@ class LlamaRuntime:
         with _load_log() as load_log:
             self.model = self.abi.model_load_from_file(str(path).encode(), mparams)
         self.weight_buffers = kernels.weight_buffers(load_log)
-        self.library_files = kernels.read_mapped_library_paths()
+        # no /proc (macOS): the libllama file the binding opened still names the build
+        self.library_files = kernels.read_mapped_library_paths() or binding.loaded_library_files(
+            self.lib.llama_cpp._lib
+        )
 
     def _context_params(
         self, n_ctx: int, n_batch: int, n_threads: int, invariant: bool, n_seq_max: int, flash_attention: bool

@@ -130,6 +130,23 @@ def test_a_cpu_that_advertises_amx_loads_the_weights_without_extra_buffers(
 
 
 @pytest.mark.model
+def test_without_readable_mappings_the_libraries_are_the_libllama_file_the_binding_opened(
+    gemma_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where there is no /proc (macOS) the numerics verdict's key still names the library build: the
+    file behind the binding's handle. Faked: the mappings being unreadable, which Linux always allows."""
+    read_mappings = kernels.read_mapped_library_paths
+    monkeypatch.setattr(kernels, "read_mapped_library_paths", lambda path=kernels.MAPS: [])
+    runtime = _runtime(gemma_gguf)
+    try:
+        files, mapped = runtime.library_files, read_mappings()
+    finally:
+        runtime.close()
+    assert len(files) == 1 and files[0].name.startswith("libllama") and files[0].is_file(), files
+    assert files[0] in [p.resolve() for p in mapped]  # the very file the process mapped
+
+
+@pytest.mark.model
 def test_the_engine_reports_its_kernels_in_the_model_meta(gemma_gguf: Path) -> None:
     from semif_adapter.engine import DecisionEngine
     from semif_adapter.settings import EngineSettings
