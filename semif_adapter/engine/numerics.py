@@ -386,7 +386,7 @@ class VerdictCache:
         return cls(cache_folder("numerics"))  # None without a home: the probe runs at every start
 
     @staticmethod
-    def key(libraries: Sequence[Path | None], model_sha256: str, config: dict[str, Any]) -> str:
+    def key(libraries: Sequence[Path], model_sha256: str, config: dict[str, Any]) -> str:
         """Changes with the code and the model, never with where they lie: the sha256 of every library
         file a CPU forward pass runs (libllama, ggml's core, the CPU backend plugin it mapped), the
         model's sha256 (which the engine knows anyway: a manifest's pin, a verified demo model, or the
@@ -397,7 +397,7 @@ class VerdictCache:
         machine (a home on a shared disk, a volume moved to another instance type), so a verdict proven
         on one CPU is never read on another."""
         parts: dict[str, Any] = {"probe": PROBE_VERSION, "config": config, "model": model_sha256}
-        digests = sorted(file_digest(lib) for lib in libraries if lib is not None and lib.is_file())
+        digests = sorted(file_digest(lib) for lib in libraries if lib.is_file())
         parts["libraries"] = digests or None
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 

@@ -467,19 +467,17 @@ def test_the_verdict_key_names_every_library_files_bytes_the_model_and_the_cpu_k
     base = tmp_path / "libggml-base.so"
     base.write_bytes(b"ggml")
     model, config = "ab" * 32, {"n_ctx": 1024, "cpu_kernels": "CPU : AVX2 = 1 |"}
-    key = VerdictCache.key([None, base, plugin], model, config)
-    assert key == VerdictCache.key([None, base, plugin], model, dict(config))
-    assert key != VerdictCache.key(
-        [None, base, plugin], model, {**config, "cpu_kernels": "CPU : AVX512 = 1 |"}
-    )
-    assert key != VerdictCache.key([None, base, plugin], "cd" * 32, config)  # another model
-    assert key != VerdictCache.key([None, plugin], model, config)  # a library less
+    key = VerdictCache.key([base, plugin], model, config)
+    assert key == VerdictCache.key([base, plugin], model, dict(config))
+    assert key != VerdictCache.key([base, plugin], model, {**config, "cpu_kernels": "CPU : AVX512 = 1 |"})
+    assert key != VerdictCache.key([base, plugin], "cd" * 32, config)  # another model
+    assert key != VerdictCache.key([plugin], model, config)  # a library less
     copy = tmp_path / "venv" / plugin.name  # the same build installed elsewhere: the same bytes
     copy.parent.mkdir()
     copy.write_bytes(b"one build")
-    assert key == VerdictCache.key([None, base, copy], model, config)
+    assert key == VerdictCache.key([base, copy], model, config)
     plugin.write_bytes(b"one bui1d")  # rebuilt in place: same size, other bytes
-    assert key != VerdictCache.key([None, base, plugin], model, config)
+    assert key != VerdictCache.key([base, plugin], model, config)
 
 
 # --- answers -------------------------------------------------------------------------------------------
