@@ -52,6 +52,7 @@ from semif_adapter.engine.request_batches import RequestBatches
 from semif_adapter.engine.results import ResultBuilder
 from semif_adapter.engine.shared_calls import SharedCalls
 from semif_adapter.engine.tile_layout import LayoutRefused, TiledRuntime
+from semif_adapter.engine.tiled_batches import TiledBatches
 from semif_adapter.errors import ModelLoadError, SemifError
 from semif_adapter.model.calibration import Calibration, find_calibration, portable_softmax, stale_reason
 from semif_adapter.model.identity import model_sha256
@@ -124,11 +125,14 @@ class DecisionEngine:
         self.scoring = self._scoring_parts()
         self.calibration_stale = self._check_calibration()
         self.prefill.pin_head()
+        self.tiled_batches = _tiled_batches(runtime, self.prefill, self.branches) if self.tiled else None
         self.model_info = self._model_info(name)
         self.results = ResultBuilder(
             self.model_info, runtime.piece, self._probabilities, self.calibration_stale
         )
-        self.batches = RequestBatches(self.planner, self.prefill, self.branches, self.shared, self.results)
+        self.batches = RequestBatches(
+            self.planner, self.prefill, self.branches, self.shared, self.results, self.tiled_batches
+        )
 
     @classmethod
     def load(cls, settings: EngineSettings, gguf_path: Path | None = None) -> DecisionEngine:
@@ -228,9 +232,9 @@ class DecisionEngine:
 
     @property
     def max_batch_requests(self) -> int:
-        """Requests :meth:`score_many` decodes together: the setting in invariant numerics' stream layout,
-        else 1 (the tiled layout has no region per request yet: one request per call)."""
-        return self.settings.max_batch_requests if self.invariant and not self.tiled else 1
+        """Requests :meth:`score_many` decodes together (invariant; tiled: see ``_tiled_batches``), else 1."""
+        together = self.invariant and (not self.tiled or self.tiled_batches is not None)
+        return self.settings.max_batch_requests if together else 1
 
     def close(self) -> None:
         self.runtime.close()
@@ -379,6 +383,7 @@ def _runtime(path: Path, settings: EngineSettings, invariant: bool, tiled: bool)
             n_batch=settings.n_batch,
             n_threads=settings.n_threads,
             n_seq_max=1 + settings.batch_sequences,
+            regions=settings.max_batch_requests,
             abi_record=settings.llama_abi_record,
         )
     return LlamaRuntime(
@@ -393,6 +398,14 @@ def _runtime(path: Path, settings: EngineSettings, invariant: bool, tiled: bool)
         flash_attention=settings.flash_attention,
         extra_buffers=settings.cpu_extra_buffers,
     )
+
+
+def _tiled_batches(runtime: LlamaRuntime, prefill: Prefill, branches: Branches) -> TiledBatches | None:
+    """The tiled layout's shared calls (short turns only), where the runtime takes several requests a
+    call: never on a sliding window (``tile_layout``)."""
+    if isinstance(runtime, TiledRuntime) and runtime.n_swa == 0 and runtime.regions > 1:
+        return TiledBatches(runtime, prefill, branches)
+    return None
 
 
 def _kernels_of(runtime: LlamaRuntime) -> CpuKernels:

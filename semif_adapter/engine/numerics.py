@@ -44,7 +44,7 @@ import numpy as np
 
 from semif_adapter.engine.calls import PIECE_CANDIDATES, pieces, shares_safely
 from semif_adapter.engine.llama_backend import FLASH_TILE_ROWS, PREFIX_SEQ, LlamaRuntime, Part
-from semif_adapter.engine.tile_layout import Run, TiledRuntime
+from semif_adapter.engine.tile_layout import Region, Run, TiledRuntime
 from semif_adapter.errors import ModelLoadError
 from semif_adapter.model.demo_models import sha256_file
 from semif_adapter.user_cache import cache_folder
@@ -434,11 +434,17 @@ class _TiledDecoder:
         self.head_state = runtime.save_seq(PREFIX_SEQ)
 
     def runs(
-        self, suffixes: Sequence[Sequence[int]], seqs: Sequence[int], tail_calls: Sequence[int] | None
+        self,
+        suffixes: Sequence[Sequence[int]],
+        seqs: Sequence[int],
+        tail_calls: Sequence[int] | None,
+        cut: bool = False,
     ) -> list[np.ndarray]:
         """Each suffix on its sequence of ``seqs``, all in ONE tiled call; the prefix's tail decoded
-        before in calls of ``tail_calls`` tokens, or (None) in that call. Logits of each suffix's end."""
-        runtime, n = self.runtime, len(self.prefix)
+        before in calls of ``tail_calls`` tokens, or (None) in that call; ``cut``: the prefix without its
+        tail (another request's). Logits of each suffix's end."""
+        runtime, n = self.runtime, self.tail_at if cut else len(self.prefix)
+        runtime.clear()  # a restored state lands at cell 0 only in an emptied context
         runtime.restore_seq(PREFIX_SEQ, self.head_state)
         at = self.tail_at
         for size in tail_calls or ():
@@ -450,11 +456,39 @@ class _TiledDecoder:
             runtime.fork(PREFIX_SEQ, seq)
         try:
             runs = [Run(list(s), n, q) for s, q in zip(suffixes, seqs, strict=True)]
-            rows = runtime.decode_tiled(at, self.prefix[at:], runs)
+            rows = runtime.decode_tiled(at, self.prefix[at:n], runs)
             return [runtime.logits_at(r).copy() for r in rows]
         finally:
             for seq in seqs:
                 runtime.drop(seq)
+
+    def regions(self, suffix: Sequence[int], other: Sequence[int], first: bool) -> list[np.ndarray]:
+        """Two requests in ONE call, each in a region of its own: the whole prefix (its tail in the call)
+        with ``suffix``, and the prefix without its tail with ``other``; ``first``: in that order.
+        Logits of each request's suffix, in that order whatever the call's."""
+        n, at = len(self.prefix), self.tail_at
+        whole = Region(0, at, self.prefix[at:], [Run(list(suffix), n, 1)], self.head_state)
+        short = Region(2, at, [], [Run(list(other), at, 3)], self.head_state)
+        regions = [whole, short] if first else [short, whole]
+        rows = self.runtime.decode_regions(regions)
+        got = [self.runtime.logits_at(r[0]).copy() for r in rows]
+        self.runtime.clear()
+        return got if first else got[::-1]
+
+
+def _region_checks(
+    decoder: _TiledDecoder, suffix: Sequence[int], other: Sequence[int], alone: np.ndarray
+) -> dict[str, float]:
+    """Two requests in one tiled call, a region each, in both orders, against each alone: the probe's
+    whole prefix with ``suffix`` (``alone``: its logits alone), and the prefix without its tail with
+    ``other``."""
+    short = decoder.runs([other], [1], None, cut=True)[0]
+    checks = {}
+    for first in (True, False):
+        got = decoder.regions(suffix, other, first)
+        name = "two requests in one call, a region each" + ("" if first else ", shorter first")
+        checks[name] = max(_gap(got[0], alone), _gap(got[1], short))
+    return checks
 
 
 def probe_tiled(runtime: TiledRuntime, prefix: Sequence[int], suffixes: Sequence[Sequence[int]]) -> Verdict:
@@ -465,7 +499,8 @@ def probe_tiled(runtime: TiledRuntime, prefix: Sequence[int], suffixes: Sequence
     prefix's tail in the suffixes' call, the tail in a call of one token and one of the rest (sequence
     0's calls are padded to 64 rows); the shortest suffix is under 64 rows, so alone it takes filler.
     The prefill's other splits are covered by the same argument as the tail's: every row of a
-    tiled-path call is computed on its own.
+    tiled-path call is computed on its own. Where the runtime takes several requests a call (not on a
+    sliding window), two requests of different lengths in one call, a region each, in both orders.
     """
     tail = PROBE_TAIL
     if len(prefix) < 2 * tail:
@@ -503,6 +538,8 @@ def probe_tiled(runtime: TiledRuntime, prefix: Sequence[int], suffixes: Sequence
         checks["prefix tail in calls of 1 and 47 tokens"] = gap(
             decoder.runs([use[0]], [1], (1, tail - 1)), [0]
         )
+        if runtime.regions > 1 and runtime.n_swa == 0:  # several requests in one call, a region each
+            checks.update(_region_checks(decoder, use[0], use[1], alone[0]))
     finally:
         runtime.clear(wipe=True)
     moved = {name: g for name, g in checks.items() if g != 0.0}

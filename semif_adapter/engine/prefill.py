@@ -214,6 +214,15 @@ class Prefill:
         if n in plan.save_at:
             self.file_state(prefix_tokens, cuts, plan, n, self.runtime.save_seq(PREFIX_SEQ))
 
+    def file_whole(self, prefix_tokens: list[int], cuts: Cuts, state: Any) -> None:
+        """File ``state``, of all of ``prefix_tokens``, whatever a prefill plan saves: a shared tiled call
+        leaves each request's whole prefix in its region, and its next turn resumes there. Only where
+        the cache reuses a state at any token: a state anywhere is then one a later prompt can start from
+        (a lone prefill does not stop for a stretch shorter than the minimum piece, so it files none)."""
+        if self.prefix_cache.enabled and self.prefix_cache.any_cut:
+            at = len(prefix_tokens)
+            self.prefix_cache.put(SavedPrefix(tuple(prefix_tokens), state, self.cuts_to(cuts, at)))
+
     def plan_fill(self, prefix_tokens: list[int], cuts: Cuts) -> FillPlan:
         """Invariant numerics: the saved state a prefill starts from (counted as a cache hit or miss) and
         the calls it makes from there, touching no sequence (so the engine may decode it in any stream).

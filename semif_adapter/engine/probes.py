@@ -136,6 +136,7 @@ def numerics_verdict(
     }
     if isinstance(runtime, TiledRuntime):
         config["kv_layout"] = "tiled"
+        config["regions"] = runtime.regions  # the probe checks requests in regions where there are several
     key = VerdictCache.key(runtime.library_files, model_sha256, config)
     verdict = cache.get(key)
     if verdict is None:

@@ -1,5 +1,6 @@
 """Several requests scored in one engine operation: validated and planned each on its own, cut into
-batches the context can hold, and decoded together (``shared_calls``) in invariant numerics.
+batches the context can hold, and decoded together in invariant numerics (``shared_calls``; in the tiled
+layout, requests of short turns only, ``tiled_batches``).
 
 Each request's outcome is its own: a validation error, a refusal by its deadline or an abort ends that
 request only. Alone (one request in a batch, or the fixed split) a request takes exactly the path of
@@ -18,6 +19,7 @@ from semif_adapter.engine.planner import Planner
 from semif_adapter.engine.prefill import Prefill
 from semif_adapter.engine.results import ResultBuilder
 from semif_adapter.engine.shared_calls import Job, SharedCalls
+from semif_adapter.engine.tiled_batches import TiledBatches
 from semif_adapter.errors import EngineFailure, SemifError
 from semif_adapter.protocol import BatchResult, Decision
 
@@ -34,9 +36,12 @@ class RequestBatches:
         branches: Branches,
         shared: SharedCalls,
         results: ResultBuilder,
+        tiled: TiledBatches | None = None,
     ) -> None:
+        """``tiled``: the tiled layout's shared calls (short turns only); None in the stream layout, whose
+        batches go to ``shared``."""
         self.planner, self.prefill, self.branches = planner, prefill, branches
-        self.shared, self.results = shared, results
+        self.shared, self.results, self.tiled = shared, results, tiled
 
     def score_many(self, jobs: Sequence[Request], max_requests: int) -> list[BatchResult | SemifError]:
         if not self.prefill.invariant or len(jobs) == 1:
@@ -48,13 +53,20 @@ class RequestBatches:
                 ready.append((j, self.plan(decisions, cancel)))
             except SemifError as exc:
                 outcomes[j] = exc
-        for group in self.batches(ready, max_requests):
+        groups = self.batches(ready, max_requests)
+        if self.tiled is not None:  # a request that would not gain from a shared tiled call runs alone
+            tiled = self.tiled
+            groups = self.batches([r for r in ready if tiled.eligible(r[1])], max_requests) + [
+                [r] for r in ready if not tiled.eligible(r[1])
+            ]
+        for group in groups:
             started = time.perf_counter()
             if len(group) == 1:  # alone: exactly the path of ``DecisionEngine.score``
                 j, job = group[0]
                 outcomes[j] = self.alone(job, started)
                 continue
-            decoded = self.shared.decode([job for _, job in group])
+            decode = self.shared.decode if self.tiled is None else self.tiled.decode
+            decoded = decode([job for _, job in group])
             for (j, job), outcome in zip(group, decoded, strict=True):
                 if isinstance(outcome, SemifError):
                     outcomes[j] = outcome

@@ -281,7 +281,11 @@ def test_the_mode_follows_from_what_the_probe_measured(numerics_engine: Decision
         assert info.batch_sequences == engine.runtime.n_seq_max - 1 >= 2
         if engine.tiled:  # its own probe: no piece search, no padding (filler is the runtime's)
             assert info.kv_layout == "tiled" and verdict.reason.startswith("tiled layout: ")
-            assert verdict.pad_limit == info.numerics_pad_limit == 0 and info.max_batch_requests == 1
+            assert verdict.pad_limit == info.numerics_pad_limit == 0
+            # several requests a call (short turns, a region each) but on a sliding window
+            regions = engine.runtime.n_swa == 0
+            assert info.max_batch_requests == (engine.settings.max_batch_requests if regions else 1)
+            assert any(name.startswith("two requests in one call") for name in verdict.checks) == regions
             return
         assert info.kv_layout == "streams"
         padding = [g for n, g in verdict.checks.items() if n.startswith(PADDED)]
