@@ -53,13 +53,12 @@ class RequestBatches:
                 ready.append((j, self.plan(decisions, cancel)))
             except SemifError as exc:
                 outcomes[j] = exc
-        groups = self.batches(ready, max_requests)
+        alone: list[tuple[int, Job]] = []
         if self.tiled is not None:  # a request that would not gain from a shared tiled call runs alone
-            tiled = self.tiled
-            groups = self.batches([r for r in ready if tiled.eligible(r[1])], max_requests) + [
-                [r] for r in ready if not tiled.eligible(r[1])
-            ]
-        for group in groups:
+            shares = [self.tiled.eligible(job) for _, job in ready]
+            alone = [r for r, share in zip(ready, shares, strict=True) if not share]
+            ready = [r for r, share in zip(ready, shares, strict=True) if share]
+        for group in self.batches(ready, max_requests) + [[r] for r in alone]:
             started = time.perf_counter()
             if len(group) == 1:  # alone: exactly the path of ``DecisionEngine.score``
                 j, job = group[0]
