@@ -7,6 +7,11 @@ calls, ``engine.shared_calls``); anything else (a multi-group body, a health pro
 and waiting together, at most ``max_batch + max_queue`` requests are admitted; one more is refused at
 once with a retryable 503, never queued without bound.
 
+Requests sent at once reach the server milliseconds apart, so the first would find the engine idle and
+run alone. Once requests have come in company (one admitted while another was, within the last
+``COMPANY_MEMORY_S``), a batch's first arrival waits up to ``batch_wait_s`` for the others
+(``_gather``): the batching window. A caller that sends one request at a time never opens it.
+
 A slot is released when the engine's work for it finishes, not when the awaiting request goes away: a
 client that disconnects mid-decision must not let more work onto the same llama.cpp context. A request
 that leaves while it still waits is simply taken out of the queue.
@@ -31,6 +36,9 @@ from semif_adapter.errors import ModelBusy
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+#: How long arrivals in company (a request admitted while another was) keep the batching window open.
+COMPANY_MEMORY_S = 60.0
+
 #: Runs several requests' items on the engine thread; per item its result, or the exception to raise.
 BatchFn = Callable[[Sequence[Any]], Sequence[Any]]
 
@@ -49,10 +57,19 @@ class _Work(Generic[T]):
 
 
 class Admission:
-    def __init__(self, max_queue: int, retry_after_s: int, engine_nice: int = 0, max_batch: int = 1) -> None:
+    def __init__(
+        self,
+        max_queue: int,
+        retry_after_s: int,
+        engine_nice: int = 0,
+        max_batch: int = 1,
+        batch_wait_s: float = 0.0,
+    ) -> None:
         self.max_queue = max_queue
         self.max_batch = max(1, max_batch)
         self.retry_after_s = retry_after_s
+        self.batch_wait_s = batch_wait_s
+        self._company_at = -float("inf")  # when a request last arrived while others were admitted
         self._admitted = 0  # running + waiting
         self._queue: deque[_Work[Any]] = deque()
         self._wake: asyncio.Event | None = None
@@ -118,6 +135,8 @@ class Admission:
 
     async def _submit(self, work: _Work[Any]) -> tuple[Any, float]:
         self.refuse_if_full()
+        if self._admitted:
+            self._company_at = work.queued_at
         self._admitted += 1
         self._idle.clear()
         self._queue.append(work)
@@ -160,6 +179,30 @@ class Admission:
                 taken.append(work)
         return taken
 
+    async def _gather(self) -> bool:
+        """Hold a batch's head until ``batch_wait_s`` after its arrival while fewer than ``max_batch`` items
+        of its batch function wait; True when it waited (the queue may have changed meanwhile).
+
+        Requests sent together (agents taking their turns at once) reach the engine a few milliseconds
+        apart: the first would start alone and the others would wait a whole operation for it, then run
+        together without it. Only while requests have had company within ``COMPANY_MEMORY_S`` (one
+        arrived while another was admitted): a caller sending one request at a time never waits, and a
+        head that already waited for a busy engine past the window is taken at once."""
+        head = self._queue[0]
+        now = time.perf_counter()
+        if head.batch is None or self.max_batch <= 1 or now - self._company_at > COMPANY_MEMORY_S:
+            return False
+        left = head.queued_at + self.batch_wait_s - now
+        if left <= 0 or sum(w.batch == head.batch for w in self._queue) >= self.max_batch:
+            return False
+        assert self._wake is not None
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), left)
+        except TimeoutError:
+            pass
+        return True
+
     async def _dispatch(self) -> None:
         assert self._wake is not None
         loop = asyncio.get_running_loop()
@@ -168,6 +211,8 @@ class Admission:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if await self._gather():
+                continue  # held the head for its batch's company: look at the queue again
             taken = self._take()
             started = time.perf_counter()
             for work in taken:

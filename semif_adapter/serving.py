@@ -86,7 +86,12 @@ class DecisionService:
         self.engine: Engine | None = None
         self.phase = Phase.loading
         self.failure: str | None = None
-        self.admission = Admission(settings.max_queue, settings.retry_after_s, settings.engine_nice)
+        self.admission = Admission(
+            settings.max_queue,
+            settings.retry_after_s,
+            settings.engine_nice,
+            batch_wait_s=settings.batch_wait_ms / 1000,
+        )
         metrics.in_flight.set_function(lambda: self.admission.admitted)
         self._in_flight: set[Deadline] = set()  # running and queued requests' tokens
         self.throughput = Throughput()

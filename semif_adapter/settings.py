@@ -62,6 +62,14 @@ class EngineSettings(BaseSettings):
         "waiting when the engine frees up); more wait up to SEMIF_MAX_QUEUE, then get 503. A batch holds "
         "at most n_ctx tokens of prefixes; a longer request runs alone. The fixed split runs one at a time.",
     )
+    batch_wait_ms: float = Field(
+        default=10.0,
+        ge=0,
+        le=1000,
+        description="Invariant numerics: once requests have arrived together (within the last minute), a "
+        "request that finds the engine idle waits up to this long for others to share its batch "
+        "(requests sent at once arrive milliseconds apart); 0: never wait.",
+    )
     flash_attention: bool = Field(
         default=False,
         description="Flash attention in invariant numerics: every sequence's piece of a call is padded to "
