@@ -199,7 +199,7 @@ class Admission:
         self._wake.clear()
         try:
             await asyncio.wait_for(self._wake.wait(), left)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # the builtin TimeoutError only from Python 3.11
             pass
         return True
 
