@@ -62,14 +62,6 @@ class EngineSettings(BaseSettings):
         "waiting when the engine frees up); more wait up to SEMIF_MAX_QUEUE, then get 503. A batch holds "
         "at most n_ctx tokens of prefixes; a longer request runs alone. The fixed split runs one at a time.",
     )
-    batch_wait_ms: float = Field(
-        default=10.0,
-        ge=0,
-        le=1000,
-        description="Invariant numerics: once requests have arrived together (within the last minute), a "
-        "request that finds the engine idle waits up to this long for others to share its batch "
-        "(requests sent at once arrive milliseconds apart); 0: never wait.",
-    )
     flash_attention: bool = Field(
         default=False,
         description="Flash attention in invariant numerics: every sequence's piece of a call is padded to "
@@ -155,6 +147,14 @@ class ServerSettings(BaseSettings):
         description="Listen port (SageMaker's SAGEMAKER_BIND_TO_PORT wins).",
     )
     max_queue: int = Field(default=0, ge=0, le=1024, description="Requests allowed to wait for the engine.")
+    batch_wait_ms: float = Field(
+        default=10.0,
+        ge=0,
+        le=1000,
+        description="Invariant numerics: once requests have arrived together (within the last minute), a "
+        "request that finds the engine idle waits up to this long for others to share its batch "
+        "(requests sent at once arrive milliseconds apart); 0: never wait.",
+    )
     engine_nice: int = Field(
         default=10,
         ge=0,
