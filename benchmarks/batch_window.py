@@ -74,7 +74,9 @@ def ask(client: Client, decisions: list[dict[str, Any]]) -> dict[str, list[float
 
 
 def measure(layout: str, decisions: int, turns: int, first: int, threads: int, logs: Path) -> dict[str, Any]:
-    gguf = Path("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    from semif_adapter.model.demo_models import ensure_model
+
+    gguf = ensure_model("qwen")  # the pinned demo file, wherever the benchmark is run from
     with ExitStack() as stack:
         clients = {}
         for window in WINDOWS_MS:
