@@ -625,8 +625,8 @@ def bench_model(key: str, gguf: Path, binary: Path, args: argparse.Namespace, lo
     agents_at_once = four_agents(engine, args)
     fa_items = attention_singles(engine, args)
     ours_port, theirs_port, alone_port, fa_off_port = free_port(), free_port(), free_port(), free_port()
-    # the 4 agents' requests arrive together: where the engine decodes fewer at once (the tiled layout
-    # decodes one request per call), the rest wait in the queue instead of getting 503
+    # the 4 agents' requests arrive together: where the engine decodes fewer at once (the tiled layout's
+    # turns of 64 rows or more run alone), the rest wait in the queue instead of getting 503
     command, env = ours_command(gguf, args.threads, ours_port, {"SEMIF_MAX_QUEUE": "4"})
     alone_command, alone_env = ours_command(gguf, args.threads, alone_port, {"SEMIF_MAX_BATCH_REQUESTS": "1"})
     theirs = theirs_command(binary, gguf, args.threads, theirs_port, args.slots, args.n_ctx)

@@ -73,7 +73,8 @@ class EngineSettings(BaseSettings):
         description="Invariant numerics' KV layout: streams = one KV stream per sequence (flash attention "
         "as SEMIF_FLASH_ATTENTION says); tiled = ONE unified stream with flash attention, each decision's "
         "cells from a 64-cell tile line (no per-sequence padding; attention-only models, proven by its own "
-        "probe at load, else the streams layout). One request per call in this layout.",
+        "probe at load, else the streams layout). Requests share a call here only when each brings fewer "
+        "than 64 rows (short agent turns), and never on a sliding-window model.",
     )
     cpu_extra_buffers: Literal["auto", "on", "off"] = Field(
         default="auto",
