@@ -1,11 +1,13 @@
-"""What keeping agents' sequences resident could save: the share of warm turns spent copying states.
+"""What keeping agents' sequences resident could still save: the share of warm turns spent copying states.
 
 Between turns an agent's prefix lives in the prefix cache (host memory): its next turn restores it into
 a sequence (``llama_state_seq_set_data``), and each prefill call's end state is copied out again to be
-filed (``llama_state_seq_get_data``). Sequences kept resident in the context between turns would save
-those copies, and nothing else: the same tokens are decoded either way. So this times every state
-operation of the runtime (save, restore, fork, drop, clear) during agents' warm turns on the served
-engine (``DecisionEngine.score_many``), against the turns' wall time: the most residency could buy.
+filed (``llama_state_seq_get_data``). The last request's prefix stays in sequence 0, and an agent's next
+turn right after its last goes on from it in place (``Prefill.resident``, counted as "prefills in
+place"); sequences of several agents kept resident between turns would save the rest of those copies,
+and nothing else: the same tokens are decoded either way. So this times every state operation of the
+runtime (save, restore, fork, drop, clear) during agents' warm turns on the served engine
+(``DecisionEngine.score_many``), against the turns' wall time: the most more residency could buy.
 
 Workloads (Qwen2.5-Coder-0.5B, JSON transcripts of ~1,000 tokens, warm turns of one ~20-token event):
 one agent alone (two decisions a turn), and four agents at once in one batch — two decisions a turn in
@@ -69,6 +71,7 @@ def measure(layout: str, agents: int, decisions: int, turns: int, first: int, th
     engine = DecisionEngine.load(settings, ensure_model("qwen"))
     try:
         engine.score_many([(agent_turn(a, first, decisions), None) for a in range(agents)])  # cold
+        resident = engine.prefix_cache_stats().resident
         with timed_state_operations() as (seconds, calls):
             t0 = time.perf_counter()
             for t in range(first + 1, first + 1 + turns):
@@ -76,6 +79,7 @@ def measure(layout: str, agents: int, decisions: int, turns: int, first: int, th
                 if any(isinstance(o, Exception) for o in outcomes):
                     raise SystemExit(f"a request failed: {outcomes}")
             wall = time.perf_counter() - t0
+        resident = engine.prefix_cache_stats().resident - resident
         prefix = len(engine.prompt_tokens(agent_turn(0, first + turns, 1))[0])
     finally:
         engine.close()
@@ -89,6 +93,7 @@ def measure(layout: str, agents: int, decisions: int, turns: int, first: int, th
         "wall_s": round(wall, 3),
         "state_operations_s": round(copies, 3),
         "share": round(copies / wall, 4),
+        "resident_prefills": resident,
         "per_operation": {n: {"s": round(seconds[n], 4), "calls": calls[n]} for n in STATE_OPERATIONS},
     }
 
@@ -98,8 +103,9 @@ def report(rows: list[dict[str, Any]], machine: str) -> str:
         f"machine: {machine}; Qwen2.5-Coder-0.5B Q4_K_M, the served engine, warm turns only",
         "",
         "| layout | agents | decisions a turn | warm turns | prefix tokens (last) | wall s "
-        "| state operations s | share | save s (calls) | restore s (calls) | fork, drop, clear s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| state operations s | share | save s (calls) | restore s (calls) | fork, drop, clear s "
+        "| prefills in place |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         op = r["per_operation"]
@@ -108,7 +114,8 @@ def report(rows: list[dict[str, Any]], machine: str) -> str:
             f"| {r['layout']} | {r['agents']} | {r['decisions_per_turn']} | {r['warm_turns']} "
             f"| {r['last_prefix_tokens']} | {r['wall_s']} | {r['state_operations_s']} | {r['share']:.1%} "
             f"| {op['save_seq']['s']} ({op['save_seq']['calls']}) "
-            f"| {op['restore_seq']['s']} ({op['restore_seq']['calls']}) | {rest:.4f} |"
+            f"| {op['restore_seq']['s']} ({op['restore_seq']['calls']}) | {rest:.4f} "
+            f"| {r.get('resident_prefills', 0)} |"
         )
     return "\n".join(lines) + "\n"
 

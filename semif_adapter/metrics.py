@@ -119,6 +119,7 @@ class _PrefixCacheCollector:
         ("hits", "Prefix-cache lookups that restored a saved state"),
         ("misses", "Prefix-cache lookups that found no usable state"),
         ("evictions", "Saved prefix states evicted to stay within the limits"),
+        ("resident", "Prefills that continued the prefix the context still held, cut back in place"),
     )
     _GAUGES = (
         ("entries", "Saved prefix states held"),

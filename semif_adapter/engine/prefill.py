@@ -20,7 +20,7 @@ from semif_adapter.engine.chunking import Cuts, chunks, head_cuts
 from semif_adapter.engine.deadline import Deadline
 from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime
 from semif_adapter.engine.planner import Planner
-from semif_adapter.engine.prefix_cache import PrefixCache, SavedPrefix
+from semif_adapter.engine.prefix_cache import PrefixCache, SavedPrefix, common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ class FillPlan:
     reused: int
     points: tuple[int, ...]
     save_at: tuple[int, ...]
+    in_place: bool = False  # sequence 0 still holds the ``reused`` tokens (``Prefill.resident``)
 
     @property
     def tail_at(self) -> int:
@@ -89,9 +90,25 @@ class Prefill:
         """Prefix tokens the next prefill will not decode (the kept prefix, or a saved state's chunks)."""
         if self.keeps(prefix_tokens, cuts):
             return len(prefix_tokens)
+        resident = self.resident(prefix_tokens)
         if not self.prefix_cache.enabled:
+            return resident
+        return max(resident, self.prefix_cache.peek(tuple(prefix_tokens), cuts)[1])
+
+    def resident(self, prefix_tokens: list[int]) -> int:
+        """How many leading tokens of ``prefix_tokens`` sequence 0 still holds from the request before,
+        where it can serve them in place (0: it cannot).
+
+        An agent's next turn extends its last prompt: rather than empty the context and restore the
+        saved state of that prompt (a copy of every cell), its prefill cuts sequence 0 back to what the
+        two prompts share and decodes the rest there. Only in invariant numerics on memory the prefix
+        cache reuses at any token (attention only, no sliding window: ``PrefixCache.any_cut``), where a
+        prefix's cells are the same numbers however they were decoded, and sit where a restored state
+        would put them (from the stream's first cell, the cells past the cut freed).
+        """
+        if not (self.invariant and self.prefix_cache.any_cut and self.cached_prefix and self.kept_until):
             return 0
-        return self.prefix_cache.peek(tuple(prefix_tokens), cuts)[1]
+        return common_prefix(tuple(self.cached_prefix[: self.kept_until]), tuple(prefix_tokens))
 
     def fill(self, prefix_tokens: list[int], cancel: Deadline | None = None, cuts: Cuts | None = None) -> int:
         """Make sequence 0 hold exactly ``prefix_tokens``; returns how many tokens were reused.
@@ -191,11 +208,16 @@ class Prefill:
         n = len(prefix_tokens)
         if self.keeps(prefix_tokens, cuts):
             return n, self.kept_until, None
-        plan = self.plan_fill(prefix_tokens, cuts)
+        plan = self.plan_fill(prefix_tokens, cuts, self.resident(prefix_tokens))
         held = hold_end and len(plan.points) > 1 and plan.points[-1] == n
         if held:
             plan = replace(plan, points=plan.points[:-1])
-        self.reset()
+        # in place, a short stretch to a state filed at the end is the tail: filed once the tail is in
+        held = held or (hold_end and plan.in_place and n in plan.save_at)
+        if plan.in_place:
+            self.cut_back(plan.reused)
+        else:
+            self.reset()
         if plan.saved is not None:
             self.runtime.restore_seq(PREFIX_SEQ, plan.saved.data)
             if plan.cut_back:
@@ -206,6 +228,15 @@ class Prefill:
         for p, state in states.items():
             self.file_state(prefix_tokens, cuts, plan, p, state)
         return plan.reused, plan.tail_at, plan if held else None
+
+    def cut_back(self, at: int) -> None:
+        """Sequence 0 keeps its first ``at`` tokens and loses the rest; it no longer holds a kept prefix
+        (a failure from here on leaves it to ``reset``)."""
+        self.cached_prefix = self.cached_cuts = None
+        self.kept_until = 0
+        self.snapshot = None
+        self.runtime.drop(PREFIX_SEQ, at)
+        self.prefix_cache.resident += 1
 
     def file_end(self, prefix_tokens: list[int], cuts: Cuts, plan: FillPlan) -> None:
         """Sequence 0 holds exactly ``prefix_tokens``, its last stretch decoded by the caller of
@@ -223,9 +254,11 @@ class Prefill:
             at = len(prefix_tokens)
             self.prefix_cache.put(SavedPrefix(tuple(prefix_tokens), state, self.cuts_to(cuts, at)))
 
-    def plan_fill(self, prefix_tokens: list[int], cuts: Cuts) -> FillPlan:
+    def plan_fill(self, prefix_tokens: list[int], cuts: Cuts, resident: int = 0) -> FillPlan:
         """Invariant numerics: the saved state a prefill starts from (counted as a cache hit or miss) and
         the calls it makes from there, touching no sequence (so the engine may decode it in any stream).
+        ``resident``: the prefix tokens sequence 0 holds in place (``resident``); where they are at least
+        what the saved state serves, the plan starts from them (``in_place``) and restores nothing.
 
         Calls stop only where a state is saved (the last cut, the block before a transcript's elements
         where a state cannot be cut back, the template head) and, on a sliding-window model, at every cut
@@ -237,11 +270,25 @@ class Prefill:
         last = self.save_point(len(prefix_tokens), cuts)
         filed = [cache.checkpoint(cuts), last] if cache.enabled else []
         chain = self.stops(cuts, filed, last)
+        points = self.points(reused, chain)
+        save_at = tuple(p for p in filed if p in points[1:] and p != self.planner.head_cut)
+        in_place = 0 < resident >= reused
+        if in_place:
+            # the states a prefill from the saved state would file are filed in place too, those past
+            # the resident tokens: a turn of a few tokens has no call of its own, so its state at the
+            # prefix's end is filed once its tail is in (``fill_shared``) and a turn after another
+            # agent's finds it
+            saved, reused, points = None, resident, self.points(resident, chain)
+            save_at = tuple(p for p in save_at if p > resident)
+        return FillPlan(saved, reused, tuple(points), save_at, in_place)
+
+    def points(self, reused: int, chain: list[int]) -> list[int]:
+        """Where a prefill from ``reused`` tokens ends its calls: the stops past it (``stops``), one closer
+        than ``min_piece`` to the start passed over (a reuse at any token may leave a short first span)."""
         points = [reused, *(p for p in chain if p > reused)]
         while len(points) > 1 and points[1] - points[0] < self.min_piece:
-            del points[1]  # a reuse at any token (attention memory) may leave a short first span
-        save_at = tuple(p for p in filed if p in points[1:] and p != self.planner.head_cut)
-        return FillPlan(saved, reused, tuple(points), save_at)
+            del points[1]
+        return points
 
     def file_state(self, prefix_tokens: list[int], cuts: Cuts, plan: FillPlan, at: int, state: Any) -> None:
         """A prefill ``plan`` ended a call at ``at`` with ``state``: file it (the prefix cache at a saved cut,

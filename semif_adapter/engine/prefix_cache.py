@@ -72,6 +72,7 @@ class CacheStats:
     hits: int
     misses: int
     evictions: int
+    resident: int = 0
 
 
 class PrefixCache:
@@ -106,6 +107,9 @@ class PrefixCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        # warm prefills served by the prefix sequence 0 still held, cut back in place: nothing restored
+        # (``Prefill.resident``; counted whether or not the cache is enabled)
+        self.resident = 0
 
     def reuse_at_any_token(self, on: bool) -> None:
         """Invariant numerics on attention memory: the split does not move a number, so a state is
@@ -207,6 +211,7 @@ class PrefixCache:
             hits=self.hits,
             misses=self.misses,
             evictions=self.evictions,
+            resident=self.resident,
         )
 
     def _cuttable(self, n_tokens: int) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -143,15 +144,29 @@ def test_agent_loop_answers_do_not_depend_on_the_cache(
     assert stats.tokens <= 2 * max(prefix_sizes) + BLOCK
 
 
-def test_cache_off_reuses_only_the_kept_prefix(model_gguf: Path) -> None:
+def test_cache_off_reuses_only_what_sequence_0_still_holds(
+    model_gguf: Path, cached_engine: DecisionEngine
+) -> None:
+    """Without a cache the prefix the context still holds is all there is to reuse: the same prompt in
+    whole, and on memory reused at any token (``PrefixCache.any_cut``) what the next prompt shares with
+    it, cut back in place (``Prefill.resident``). The answers are those of cold requests, bit for bit."""
+    schedule = [("ops", 0), ("ops", 1), ("ops", 1), ("billing", 0)]
     engine = load(model_gguf, prefix_cache_tokens=0)
     try:
-        _, reused = play(engine, [("ops", 0), ("ops", 1), ("ops", 1)], cold=False)
+        answers, reused = play(engine, schedule, cold=False)
         assert not engine.prefix_cache.enabled and engine.prefix_cache_stats().entries == 0
-        n_prefix = len(engine.prompt_tokens(turn_decisions("ops", 1))[0])
+        prompts = [engine.prompt_tokens(turn_decisions(a, t))[0] for a, t in schedule]
+        any_cut, resident = engine.prefix_cache.any_cut, engine.prefix_cache_stats().resident
     finally:
         engine.close()
-    assert reused == [0, 0, n_prefix]
+    baseline, _ = play(cached_engine, schedule, cold=True)
+    assert answers == baseline
+    shared = [common_prefix(tuple(a), tuple(b)) for a, b in pairwise(prompts)]
+    if any_cut:
+        assert reused == [0, shared[0], len(prompts[2]), shared[2]] and resident == 2
+        assert shared[0] > shared[2] > 0  # the next turn shares its transcript, another agent the template
+    else:
+        assert reused == [0, 0, len(prompts[2]), 0] and resident == 0
 
 
 def test_failure_mid_prefill_files_nothing(cached_engine: DecisionEngine, monkeypatch) -> None:
@@ -368,3 +383,29 @@ def test_qwen_long_cold_prompt_ends_its_calls_on_kv_cell_boundaries(
     assert all(end % 256 == 0 or end == engine.head_cut for end in ends[:-1]), ends
     warm = engine.score([ask]).results[0]
     assert (warm.probabilities, warm.option_logits) == (cold.probabilities, cold.option_logits)
+
+
+def test_an_agent_turn_in_place_files_its_state_for_after_another_agent(
+    numerics_engine: DecisionEngine,
+) -> None:
+    """An agent's turns one after another go on from the prefix the context still holds
+    (``Prefill.resident``, on memory reused at any token); they file their states as a prefill from the
+    saved state would, so after another agent's turn the agent resumes at its whole last prompt. Every
+    answer is the cold request's, bit for bit, on every engine of the numerics tests."""
+    engine = numerics_engine
+    engine.reset_prefix_cache()
+    schedule = [("ops", 0), ("ops", 1), ("ops", 2), ("billing", 0), ("ops", 3)]
+    before = engine.prefix_cache_stats().resident
+    answers, reused = play(engine, schedule, cold=False)
+    resident = engine.prefix_cache_stats().resident - before
+    baseline, _ = play(engine, schedule, cold=True)
+    assert answers == baseline
+    prompts = [tuple(engine.prompt_tokens(turn_decisions(a, t))[0]) for a, t in schedule]
+    if engine.prefix_cache.any_cut:
+        # ops 1 and 2 in place (from what sequence 0 kept: the whole prompt, or up to its tail where the
+        # tail went into every decision's run); billing's first turn from the template ops 2 left
+        assert resident == 3 and reused[1] == common_prefix(prompts[0], prompts[1])
+        assert reused[1] <= reused[2] <= common_prefix(prompts[1], prompts[2])
+        assert reused[4] == common_prefix(prompts[2], prompts[4]) > common_prefix(prompts[3], prompts[4])
+    else:
+        assert resident == 0

@@ -149,7 +149,9 @@ def test_a_new_state_reuses_the_head_and_answers_like_no_cache(
         shared = common_prefix(*(tuple(on.prompt_tokens([d])[0]) for d in decisions))
         second = max(head, shared) if on.prefix_cache.any_cut else head
         assert [b.timing.prefix_reused_tokens for b in warm] == [head, second]
-        assert [b.timing.prefix_reused_tokens for b in cold] == [0, 0]
+        # without a cache, the second goes on from what the context still holds of the first, cut back
+        # to the tokens they share, where the split does not matter (``Prefill.resident``)
+        assert [b.timing.prefix_reused_tokens for b in cold] == [0, shared if off.prefix_cache.any_cut else 0]
         assert on.prefix_cache_stats().hits == int(second > head)  # the head alone is not a hit
         for a, b in zip(warm, cold, strict=True):
             assert a.results[0].probabilities == b.results[0].probabilities

@@ -99,12 +99,14 @@ def test_prometheus_exports_cache_counters_and_size() -> None:
     metrics.watch_prefix_cache(cache.stats)
     cache.put(saved(list(range(8)), nbytes=321))
     cache.lookup(tuple(range(9)))
+    cache.resident += 2  # what ``Prefill.cut_back`` counts
     metrics.record_prefill(prefix_tokens=9, reused_tokens=8)
     text = generate_latest(metrics.registry).decode()
     for line in (
         "semif_prefix_cache_hits_total 1.0",
         "semif_prefix_cache_misses_total 0.0",
         "semif_prefix_cache_evictions_total 0.0",
+        "semif_prefix_cache_resident_total 2.0",
         "semif_prefix_cache_entries 1.0",
         "semif_prefix_cache_tokens 8.0",
         "semif_prefix_cache_bytes 321.0",
