@@ -137,8 +137,7 @@ class Prefill:
         runtime.decode(prefix_tokens[last:], last, PREFIX_SEQ, False, block, cancel=cancel)
         for entry in fresh:
             cache.put(entry)
-        self.cached_prefix = list(prefix_tokens)
-        self.cached_cuts = cuts
+        self.keep(prefix_tokens, cuts, len(prefix_tokens))
         if self.fork_mode == "state":
             self.snapshot = runtime.save_seq(PREFIX_SEQ)
         return reused
@@ -215,7 +214,7 @@ class Prefill:
         # in place, a short stretch to a state filed at the end is the tail: filed once the tail is in
         held = held or (hold_end and plan.in_place and n in plan.save_at)
         if plan.in_place:
-            self.cut_back(plan.reused)
+            self.resume_in_place(plan.reused)
         else:
             self.reset()
         if plan.saved is not None:
@@ -229,7 +228,7 @@ class Prefill:
             self.file_state(prefix_tokens, cuts, plan, p, state)
         return plan.reused, plan.tail_at, plan if held else None
 
-    def cut_back(self, at: int) -> None:
+    def resume_in_place(self, at: int) -> None:
         """Sequence 0 keeps its first ``at`` tokens and loses the rest; it no longer holds a kept prefix
         (a failure from here on leaves it to ``reset``)."""
         self.cached_prefix = self.cached_cuts = None

@@ -99,7 +99,7 @@ def test_prometheus_exports_cache_counters_and_size() -> None:
     metrics.watch_prefix_cache(cache.stats)
     cache.put(saved(list(range(8)), nbytes=321))
     cache.lookup(tuple(range(9)))
-    cache.resident += 2  # what ``Prefill.cut_back`` counts
+    cache.resident += 2  # what ``Prefill.resume_in_place`` counts
     metrics.record_prefill(prefix_tokens=9, reused_tokens=8)
     text = generate_latest(metrics.registry).decode()
     for line in (
