@@ -56,6 +56,7 @@ class Branches:
         """Decode one suffix on a branch of the prefix and read the label logits."""
         runtime = self.runtime
         if self.prefill.fork_mode == "copy":
+            self.prefill.streams.forget([BRANCH_SEQ])
             runtime.fork(PREFIX_SEQ, BRANCH_SEQ)
             try:
                 runtime.decode(suffix_tokens, n_prefix, BRANCH_SEQ, want_logits=True, cancel=cancel)
@@ -276,6 +277,7 @@ class Branches:
             # consecutive sequence ids in the call's order: the order llama.cpp's split was modelled in
             seqs = list(range(1, 1 + len(call))) if fork else [PREFIX_SEQ]
             if fork:
+                self.prefill.streams.forget(seqs)  # a prefix a shared batch left there goes
                 for seq in seqs:
                     runtime.fork(PREFIX_SEQ, seq)
             try:

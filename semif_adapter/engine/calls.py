@@ -146,17 +146,24 @@ def _pieces(start: int, end: int, limit: int, min_piece: int) -> list[tuple[int,
     return spans
 
 
-def equal_split(lengths: Sequence[int], n_ubatch: int) -> list[list[int]]:
-    """The micro-batches llama.cpp makes of one call whose sequences (consecutive ids, in this order) bring
-    ``lengths`` tokens: per micro-batch, the tokens each sequence gives (0: not in it)."""
+def equal_split(
+    lengths: Sequence[int], n_ubatch: int, seq_ids: Sequence[int] | None = None
+) -> list[list[int]]:
+    """The micro-batches llama.cpp makes of one call whose parts bring ``lengths`` tokens, in this order in
+    the batch: per micro-batch, the tokens each part gives (0: not in it).
+
+    ``llama_batch_allocr::split_equal`` with ``sequential``: a micro-batch starts with the first part
+    that has tokens left and takes the parts after it whose sequence id is one more than the last taken
+    (``seq_ids``; default consecutive ids in this order), while they have tokens left; each gives as
+    many as the one with fewest left (within ``n_ubatch``). Parts of non-consecutive ids never meet."""
+    ids = list(range(len(lengths))) if seq_ids is None else list(seq_ids)
     remaining = list(lengths)
     batches: list[list[int]] = []
     while any(remaining):
-        first = next(i for i, n in enumerate(remaining) if n > 0)
-        last = first
-        while last + 1 < len(remaining) and remaining[last + 1] > 0:
-            last += 1  # sequential: only the next sequence id joins, while it still has tokens
-        members = range(first, last + 1)
+        members: list[int] = []
+        for i, n in enumerate(remaining):
+            if n > 0 and (not members or ids[i] == ids[members[-1]] + 1):
+                members.append(i)
         take = max(1, min(min(remaining[i] for i in members), n_ubatch // len(members)))
         given = [take if i in members else 0 for i in range(len(remaining))]
         for i in members:
@@ -165,11 +172,17 @@ def equal_split(lengths: Sequence[int], n_ubatch: int) -> list[list[int]]:
     return batches
 
 
-def shares_safely(lengths: Sequence[int], n_batch: int, min_piece: int = PIECE_CANDIDATES[0]) -> bool:
-    """Sequences bringing ``lengths`` tokens may share one call: it fits, and no piece is short."""
+def shares_safely(
+    lengths: Sequence[int],
+    n_batch: int,
+    min_piece: int = PIECE_CANDIDATES[0],
+    seq_ids: Sequence[int] | None = None,
+) -> bool:
+    """Sequences bringing ``lengths`` tokens (ids ``seq_ids``, default consecutive) may share one call: it
+    fits, and no piece is short."""
     if sum(lengths) > n_batch:
         return False
-    return all(n == 0 or n >= min_piece for batch in equal_split(lengths, n_batch) for n in batch)
+    return all(n == 0 or n >= min_piece for batch in equal_split(lengths, n_batch, seq_ids) for n in batch)
 
 
 def padded_lengths(lengths: Sequence[int], pad_limit: int) -> list[int]:

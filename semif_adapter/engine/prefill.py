@@ -21,6 +21,7 @@ from semif_adapter.engine.deadline import Deadline
 from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime
 from semif_adapter.engine.planner import Planner
 from semif_adapter.engine.prefix_cache import PrefixCache, SavedPrefix, common_prefix
+from semif_adapter.engine.resident_streams import ResidentStreams
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +65,31 @@ class Prefill:
         self.cached_cuts: Cuts | None = None
         self.kept_until = 0  # invariant numerics: sequence 0 holds the kept prefix up to here
         self.snapshot: Any = None  # fork mode "state": sequence 0's state after the prefill
+        # what the branch streams hold between shared batches (``resident_streams``)
+        self.streams = ResidentStreams(max(0, runtime.n_seq_max - 1))
+
+    @property
+    def streams_stay(self) -> bool:
+        """Shared batches leave each request's prefix in its stream for its next turn: invariant numerics
+        on memory reused at any token (``resident``'s condition), in the stream layout."""
+        return self.invariant and self.prefix_cache.any_cut and self.runtime.n_swa == 0
 
     def reset(self, wipe: bool = False) -> None:
-        """Empty the context (``wipe``: its data too, after a failure); saved states stay (each one is
-        complete, whatever failed since)."""
+        """Empty sequence 0 (``wipe``: the whole context and its data, after a failure); saved states stay
+        (each one is complete, whatever failed since), and so do the prefixes branch streams hold for
+        their next turns (``resident_streams``)."""
         self.cached_prefix = None
         self.cached_cuts = None
         self.kept_until = 0
         self.snapshot = None
         try:
+            if self.streams.held and not wipe:
+                self.runtime.drop(PREFIX_SEQ)
+                for seq in range(1, self.streams.width + 1):
+                    if seq not in self.streams.held:
+                        self.runtime.drop(seq)
+                return
+            self.streams.forget()
             self.runtime.clear(wipe)
         except Exception:  # pragma: no cover - nothing more we can do
             log.exception("could not clear llama.cpp memory")
@@ -288,6 +305,13 @@ class Prefill:
         while len(points) > 1 and points[1] - points[0] < self.min_piece:
             del points[1]
         return points
+
+    def files_at(self, prefix_tokens: list[int], plan: FillPlan, at: int) -> bool:
+        """A call of ``plan`` that ends at ``at`` leaves a state :meth:`file_state` files."""
+        if not self.prefix_cache.enabled:
+            return False
+        head = self.planner.head_cut
+        return at in plan.save_at or (at == head > 0 and prefix_tokens[:head] == self.planner.head_tokens)
 
     def file_state(self, prefix_tokens: list[int], cuts: Cuts, plan: FillPlan, at: int, state: Any) -> None:
         """A prefill ``plan`` ended a call at ``at`` with ``state``: file it (the prefix cache at a saved cut,

@@ -15,11 +15,14 @@ streams. A request whose prefix sequence 0 holds forks from it; every other requ
 saved state the prefix cache serves it, restored into a stream, and makes its prefill's calls there
 (``Prefill.plan_fill``), its k-th call beside the others' k-th; the state at each call's end is copied
 to host memory (``llama_state_seq_get_data``) and filed in the prefix cache where a lone prefill would
-file it. A branch stream is then seeded from that copy. A long prefix tail is decoded once per request
-(tails of several requests share calls) and its state saved the same way; a short one is decoded in
-each decision's own run, as ``Branches.decode_shared`` does. On a sliding-window model the prefills run
-one after another in sequence 0, exactly as a lone request's (``Prefill.decode_chunks`` keeps the
-window cache in one layout there).
+file it. A branch stream is then seeded from that copy. On attention-only memory without a sliding
+window (``Prefill.streams_stay``) each request instead holds a stream for the whole batch, and keeps it
+after: its prefill's calls, its tail and one of its decisions per call go there (cut back to the prefix
+after each call), and the agent's next turn goes on there in place (``resident_streams``). A long
+prefix tail is decoded once per request (tails of several requests share calls) and its state saved the
+same way; a short one is decoded in each decision's own run, as ``Branches.decode_shared`` does. On a
+sliding-window model the prefills run one after another in sequence 0, exactly as a lone request's
+(``Prefill.decode_chunks`` keeps the window cache in one layout there).
 
 Each request keeps its own deadline and errors: a member cancelled while a shared call runs is dropped
 after the call (the call itself aborts only when every member is cancelled, ``Joint``), one whose
@@ -36,7 +39,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from semif_adapter.engine.branches import TAIL_COPY_TOKENS, Branches, Decoded, Readout
-from semif_adapter.engine.calls import floored, group_calls, padded_lengths, run_pieces
+from semif_adapter.engine.calls import floored, group_calls, padded_lengths, run_pieces, shares_safely
 from semif_adapter.engine.chunking import Cuts
 from semif_adapter.engine.deadline import Deadline, Joint
 from semif_adapter.engine.llama_backend import PREFIX_SEQ, LlamaRuntime, Part
@@ -54,12 +57,16 @@ Outcome = Decoded | SemifError
 class _Source:
     """Where a request's runs start: sequence 0 itself while the request holds it, else a saved copy
     (its cells past ``cut`` dropped, when set), or nothing (``empty``: a cold prefill without a pinned
-    head); ``at``: the position its runs start from."""
+    head); ``at``: the position its runs start from. ``stream``: the branch stream that holds the
+    request's prefix up to ``at`` (and keeps it for its next turn, ``resident_streams``); its runs go
+    there, one per call, cut back to ``at`` after it, and a copy (``state``, saved when first wanted)
+    seeds any other stream."""
 
     at: int
     state: ctypes.Array[ctypes.c_uint8] | None = None
     cut: int | None = None
     empty: bool = False
+    stream: int | None = None
 
 
 @dataclass
@@ -89,6 +96,10 @@ class SharedCalls:
         self._jobs = list(jobs)
         self._seconds = [[0.0] * len(j[1]) for j in jobs]
         self._readouts: list[list[Readout | None]] = [[None] * len(j[1]) for j in jobs]
+        self._taken: set[int] = set()  # the streams that hold this batch's prefixes
+        # more requests than streams: one stays spare for the runs of those without one
+        width = self.runtime.n_seq_max - 1
+        self._room = width if len(jobs) <= width else width - 1
         try:
             sources, prefill = self._prefills()
             tails = [r for r in self._tail_runs(sources) if self._outcomes[r.job] is None]
@@ -100,6 +111,9 @@ class SharedCalls:
                 for i, p in enumerate(self._jobs[j][1])
             ]
             self._decode_runs(runs, sources)
+            for j, source in sources.items():  # each prefix stays in its stream for the next turn
+                if source.stream is not None:
+                    self.prefill.streams.hold(source.stream, tuple(self._jobs[j][0][: source.at]))
         except SemifError as exc:  # the engine itself failed: every request still here gets the error
             self._fail_all(exc)
         except Exception as exc:  # a ctypes/numpy fault is an engine failure, never a caller's
@@ -142,10 +156,13 @@ class SharedCalls:
                 sources[j] = self._holder = _Source(self.prefill.kept_until)
                 done[j] = (0.0, len(prefix_tokens))
                 continue
-            plan = self.prefill.plan_fill(prefix_tokens, cuts)
-            data = plan.saved.data if plan.saved is not None else None
-            cut = plan.reused if plan.cut_back else None
-            sources[j] = _Source(plan.reused, data, cut, empty=data is None)
+            plan, stream = self._plan(prefix_tokens, cuts)
+            if stream is not None:
+                sources[j] = _Source(plan.reused, stream=stream)
+            else:
+                data = plan.saved.data if plan.saved is not None else None
+                cut = plan.reused if plan.cut_back else None
+                sources[j] = _Source(plan.reused, data, cut, empty=data is None)
             self._plans[j] = (plan, list(pairwise(plan.points)))
             done[j] = (0.0, plan.reused)
         self._prefill_seconds = dict.fromkeys(self._plans, 0.0)
@@ -154,6 +171,34 @@ class SharedCalls:
         for j, seconds in self._prefill_seconds.items():
             done[j] = (seconds, done[j][1])
         return sources, done
+
+    def _plan(self, prefix_tokens: list[int], cuts: Cuts) -> tuple[FillPlan, int | None]:
+        """A request's prefill plan (``Prefill.plan_fill``) and, where streams stay
+        (``Prefill.streams_stay``), the stream that holds its prefix: the one that still holds most of
+        it from an earlier batch, cut back in place where it serves at least what the prefix cache does,
+        else a spare one, seeded once from the saved state the plan starts from. None: no stream is left
+        (the request's runs are seeded from saved copies, call by call)."""
+        streams = self.prefill.streams
+        if not self.prefill.streams_stay or len(self._taken) >= self._room:
+            return self.prefill.plan_fill(prefix_tokens, cuts), None
+        stream, shared = streams.best(tuple(prefix_tokens), self._taken)
+        plan = self.prefill.plan_fill(prefix_tokens, cuts, shared)
+        if not plan.in_place:
+            stream = streams.spare(self._taken)
+        if stream is None:
+            return plan, None
+        self._taken.add(stream)
+        streams.forget([stream])  # in flux until the batch ends
+        if plan.in_place:
+            self.runtime.drop(stream, plan.reused)
+            self.prefill.prefix_cache.resident += 1
+        elif plan.saved is not None:
+            self.runtime.restore_seq(stream, plan.saved.data)
+            if plan.cut_back:
+                self.runtime.drop(stream, plan.reused)
+        else:
+            self.runtime.drop(stream)
+        return plan, stream
 
     def _next_prefill_calls(self) -> list[_Run]:
         """Each live request's next prefill call (its k-th beside the others' k-th)."""
@@ -248,26 +293,63 @@ class SharedCalls:
                 else [sources[r.job].at + s[-1][0] + n for r, s, n in zip(pending, spans, lasts, strict=True)]
             )
             call = group_calls(lasts, limit, min_piece, width, pad_limit, ends)[0]
+            call, seqs = self._placed(call, pending, lasts, pad_limit, sources)
             members = [pending[i] for i in call]
             widths = padded_lengths([lasts[i] for i in call], pad_limit)
-            self._call(members, [spans[i] for i in call], widths, sources)
+            self._call(members, seqs, [spans[i] for i in call], widths, sources)
             taken = set(call)
             pending = [r for i, r in enumerate(pending) if i not in taken]
+
+    def _placed(
+        self, call: list[int], runs: list[_Run], lasts: list[int], pad_limit: int, sources: dict[int, _Source]
+    ) -> tuple[list[int], list[int]]:
+        """The runs of a planned ``call`` (indices into ``runs``, shortest first) that can go together, in
+        the order of the streams they go in, and those streams.
+
+        A request's run goes in the stream that holds its prefix, if no other run of the request took
+        it in this call; any other run in a spare stream (not held by this batch), the lowest first, and
+        waits for a later call when none is left. ``calls.group_calls`` planned the call with consecutive
+        stream ids in its order; where held streams break that, llama.cpp splits it otherwise, so the
+        split is checked again with the real ids (``calls.shares_safely``) and the longest run left out
+        until no piece is short (one run alone always is)."""
+        limit, least = self.runtime.n_batch, self.prefill.min_piece
+        while True:
+            spare = [q for q in range(1, self.runtime.n_seq_max) if q not in self._taken]
+            placed: list[tuple[int, int]] = []
+            for i in call:
+                stream = sources[runs[i].job].stream
+                if stream is not None and all(q != stream for q, _ in placed):
+                    placed.append((stream, i))
+                elif spare:
+                    placed.append((spare.pop(0), i))
+            if not placed:
+                raise EngineFailure("a shared batch found no stream for a run")
+            placed.sort()
+            seqs, members = [q for q, _ in placed], [i for _, i in placed]
+            widths = padded_lengths([lasts[i] for i in members], pad_limit)
+            if len(members) == 1 or shares_safely(widths, limit, least, seqs):
+                return members, seqs
+            call = [i for i in call if i in members][:-1]
 
     def _call(
         self,
         members: list[_Run],
+        seqs: list[int],
         spans: list[list[tuple[int, int]]],
         widths: list[int],
         sources: dict[int, _Source],
     ) -> None:
-        """One planned call: each member's stream seeded, its leading pieces (a run longer than a call)
-        decoded alone, then the last pieces of those still live together, each padded to its width."""
+        """One planned call in streams ``seqs``: each member's stream seeded (not the one holding its
+        request's prefix), its leading pieces (a run longer than a call) decoded alone, then the last
+        pieces of those still live together, each padded to its width; after it, a stream that holds a
+        prefix is cut back to where the prefix ends, every other one emptied."""
         runtime = self.runtime
-        seqs = list(range(1, 1 + len(members)))
+        own = [seq == sources[run.job].stream for run, seq in zip(members, seqs, strict=True)]
         try:
-            for run, seq in zip(members, seqs, strict=True):
-                self._seed(seq, sources[run.job])
+            for run, seq, held in zip(members, seqs, own, strict=True):
+                if not held:
+                    self.prefill.streams.forget([seq])
+                    self._seed(seq, sources[run.job])
             for run, seq, run_spans in zip(members, seqs, spans, strict=True):
                 self._lead(run, seq, run_spans[:-1], sources[run.job].at)
             live = [
@@ -278,8 +360,8 @@ class SharedCalls:
             if live:
                 self._together(live, sources)
         finally:
-            for seq in seqs:
-                runtime.drop(seq)
+            for run, seq, held in zip(members, seqs, own, strict=True):
+                runtime.drop(seq, sources[run.job].at if held else -1)
 
     def _lead(self, run: _Run, seq: int, spans: list[tuple[int, int]], start: int) -> None:
         cancel = self._jobs[run.job][3]
@@ -327,14 +409,7 @@ class SharedCalls:
             if cancel is not None:
                 cancel.advance(len(part.tokens), share)
             if run.decision is None:
-                tail_end = sources[run.job].at + len(run.tokens)
-                if part.filler:
-                    runtime.drop(seq, tail_end)
-                state = runtime.save_seq(seq)
-                self._saved_tail(run.job, sources, state, tail_end)
-                if run.prefill:
-                    prefix_tokens, _, cuts, _ = self._jobs[run.job]
-                    self.prefill.file_state(prefix_tokens, cuts, self._plans[run.job][0], tail_end, state)
+                self._prefix_run_ended(run, seq, part, sources)
                 continue
             try:
                 readout = self.branches.read(run.labels, runtime.logits_at(next(rows)))
@@ -343,11 +418,35 @@ class SharedCalls:
                 continue
             self._readouts[run.job][run.decision] = readout
 
+    def _prefix_run_ended(self, run: _Run, seq: int, part: Part, sources: dict[int, _Source]) -> None:
+        """A stretch of a request's prefix is in stream ``seq`` (its filler dropped): the request's runs go
+        on from there. The state is saved where a prefill files it or where the request's other runs are
+        seeded from a copy; a stream that holds the prefix keeps it and saves only to file it."""
+        source = sources[run.job]
+        tail_end = source.at + len(run.tokens)
+        if part.filler:
+            self.runtime.drop(seq, tail_end)
+        prefix_tokens, _, cuts, _ = self._jobs[run.job]
+        plan = self._plans[run.job][0] if run.prefill else None
+        filed = plan is not None and self.prefill.files_at(prefix_tokens, plan, tail_end)
+        held = seq == source.stream
+        state = self.runtime.save_seq(seq) if filed or not held else None
+        new = _Source(tail_end, state, stream=source.stream if held else None)
+        for k, other in list(sources.items()):
+            if other is source:
+                sources[k] = new
+        if plan is not None and state is not None:
+            self.prefill.file_state(prefix_tokens, cuts, plan, tail_end, state)
+
     def _seed(self, seq: int, source: _Source) -> None:
         """Stream ``seq`` starts as a copy of its request's prefix: forked from sequence 0 while the request
-        holds it, else restored from its saved state."""
-        if source.empty:
-            return  # the stream was dropped after its last call: it is empty
+        holds it, else restored from its saved state (saved now from the stream that holds it, if not
+        yet)."""
+        if source.empty or (source.stream is not None and source.at == 0):
+            self.runtime.drop(seq)  # an earlier batch may have left a prefix there
+            return
+        if source.stream is not None and source.state is None:
+            source.state = self.runtime.save_seq(source.stream)
         if source.state is None:
             if source is not self._holder:
                 raise EngineFailure("a shared batch lost a request's prefix state")
@@ -356,16 +455,6 @@ class SharedCalls:
             self.runtime.restore_seq(seq, source.state)
             if source.cut is not None:
                 self.runtime.drop(seq, source.cut)
-
-    def _saved_tail(
-        self, job: int, sources: dict[int, _Source], state: ctypes.Array[ctypes.c_uint8], at: int
-    ) -> None:
-        """The tail's run ended: the request (and those sharing its prefix) start their decisions there."""
-        old = sources[job]
-        new = _Source(at, state)
-        for k, source in list(sources.items()):
-            if source is old:
-                sources[k] = new
 
     def _add_seconds(self, run: _Run, seconds: float) -> None:
         """A prefill call's seconds are its request's prefill time; a tail's are spread over its request's

@@ -85,6 +85,21 @@ def test_equal_split_models_llama_cpp():
     assert equal_split([10, 4, 10], 512) == [[4, 4, 4], [6, 0, 0], [0, 0, 6]]
 
 
+def test_equal_split_with_the_stream_ids_a_call_really_has():
+    # streams that hold agents' prefixes give a call ids that are not consecutive: llama.cpp chains a
+    # sequence only to the one whose id is one more, so streams 1 and 3 never meet in a micro-batch
+    assert equal_split([5, 5], 512, [1, 3]) == [[5, 0], [0, 5]]
+    assert equal_split([40, 25, 60, 33], 512, [1, 2, 3, 4]) == [
+        [25, 25, 25, 25],
+        [15, 0, 0, 0],
+        [0, 0, 8, 8],
+        [0, 0, 27, 0],
+    ]
+    # 9 and 12 tokens in consecutive streams leave a 3-token piece; in streams 1 and 3 each goes whole
+    assert not shares_safely([9, 12], 512, 8)
+    assert shares_safely([9, 12], 512, 8, [1, 3])
+
+
 def test_pieces_never_leave_a_short_remainder():
     assert pieces(0, 1030, 512, 8) == [(0, 512), (512, 1022), (1022, 1030)]
     assert pieces(0, 1025, 512, 8) == [(0, 512), (512, 1017), (1017, 1025)]

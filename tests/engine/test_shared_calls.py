@@ -211,6 +211,55 @@ def test_interleaved_agents_batched_turn_by_turn_with_evictions(numerics_engine:
         off.close()
 
 
+def test_agents_batched_turn_after_turn_go_on_in_the_streams_holding_their_prefixes(
+    numerics_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
+):
+    """Four agents' turns batched one after another: where streams stay (invariant numerics, attention
+    without a sliding window, the stream layout), each agent's next turn goes on in the stream its last
+    one left, cut back in place, and no state is restored into a branch stream after the first turn. A
+    lone request between turns takes streams for its decisions: the agents it took them from start over
+    from saved states, the others stay. Every answer is the one alone on a cold engine."""
+    engine = numerics_engine
+    events = [
+        [{"t": t, "agent": a, "event": f"agent {a} saw {a * 13 + t} new rows at step {t}"} for t in range(5)]
+        for a in range(4)
+    ]
+    turns = {t: [request(a + 1, state=events[a][:t])[:2] for a in range(4)] for t in (2, 3, 4, 5)}
+    lone = request(2)  # three decisions: those not riding on sequence 0 go in streams 1, 2 (and 3)
+    expected = {t: alone(engine, reqs) for t, reqs in turns.items()}
+    expected_lone = alone(engine, [lone])
+    restored: list[int] = []
+    real = engine.runtime.restore_seq
+
+    def restore(seq, data):  # type: ignore[no-untyped-def]
+        restored.append(seq)
+        return real(seq, data)
+
+    monkeypatch.setattr(engine.runtime, "restore_seq", restore)
+    engine.reset_prefix_cache()
+    stays = engine.prefill.streams_stay and not engine.tiled and engine.max_batch_requests >= 4
+    left: set[int] = set()  # the streams the lone request left to their agents
+    runtime = engine.runtime
+    attention_only = not (runtime.n_swa or runtime.is_recurrent or runtime.is_hybrid)
+    assert stays == (attention_only and engine.invariant and not engine.tiled)
+    for t, reqs in turns.items():
+        restored.clear()
+        before = engine.prefix_cache_stats().resident
+        assert merged(together(engine, reqs)) == expected[t], f"turn {t}"
+        in_place = engine.prefix_cache_stats().resident - before
+        if not stays:
+            assert engine.prefill.streams.held == {}
+        elif t > 2:
+            kept = len(left) if t == 4 else 4  # after the lone request, the others start over
+            assert in_place == kept and len([q for q in restored if q > 0]) == 4 - kept, f"turn {t}"
+            assert sorted(engine.prefill.streams.held) == [1, 2, 3, 4]
+        if t == 3:
+            assert merged(together(engine, [lone])) == expected_lone
+            if stays:
+                left = set(engine.prefill.streams.held)
+                assert left and left <= {3, 4}
+
+
 def test_one_requests_error_or_abort_leaves_the_others_answers(
     numerics_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
 ):
