@@ -8,7 +8,8 @@ cells, from the stream's first cell, the cells past the cut freed), so the answe
 
 This is only the bookkeeping: which tokens each stream holds, which one serves a prompt best, and which
 one to give up for a request that finds none. ``SharedCalls`` decides when a stream is used, and anything
-else that writes a branch stream forgets it here first (``Prefill.reset`` forgets them all).
+else that writes a branch stream forgets it here first (``Prefill.reset`` keeps them, emptying only
+sequence 0 and the streams nothing holds; a wipe after a failure forgets them all).
 """
 
 from __future__ import annotations
